@@ -1,0 +1,58 @@
+"""ccu: Certified Certain Uncertainty (Meinke & Hein, ICLR 2020) in PyTorch.
+
+The book in ``book/`` explains every piece; docstrings name the chapter.
+"""
+
+from ccu.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
+from ccu.bounds import (
+    Theorem1Terms,
+    certified_radius,
+    confidence_bound,
+    log_ratio_bound,
+    nearest_training_point,
+    theorem1_distance,
+    theorem1_terms,
+)
+from ccu.config import PROFILES, Profile, TrainSettings, get_profile, train_settings
+from ccu.density import BallBounds, DensityModel, GaussianMixture
+from ccu.initialisation import init_ccu
+from ccu.losses import ccu_loss, uniform_cross_entropy
+from ccu.metric import Mahalanobis
+from ccu.model import CCU, ConstraintError
+from ccu.nets import MLP, LeNet, make_classifier
+from ccu.train import Trainer, accuracy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CCU",
+    "MLP",
+    "PROFILES",
+    "AttackResult",
+    "BallBounds",
+    "ConstraintError",
+    "DensityModel",
+    "GaussianMixture",
+    "LeNet",
+    "Mahalanobis",
+    "Profile",
+    "Theorem1Terms",
+    "TrainSettings",
+    "Trainer",
+    "accuracy",
+    "ball_attack",
+    "ccu_loss",
+    "certified_radius",
+    "confidence_bound",
+    "confidence_score",
+    "get_profile",
+    "init_ccu",
+    "log_ratio_bound",
+    "make_classifier",
+    "nearest_training_point",
+    "sample_in_ball",
+    "theorem1_distance",
+    "theorem1_terms",
+    "train_settings",
+    "uniform_cross_entropy",
+]

@@ -1,0 +1,213 @@
+"""The certificates: Theorem 1, Corollary 1 and the certified radius (all float64, batched).
+
+* :func:`confidence_bound` - Corollary 1: ``max_{d(x,x0)<=R} max_y p(y|x) <= (1/M)(1 + M b/lam)/(1 + b/lam)``
+  with ``b`` the ratio of the in-density's upper bound to the out-density's lower bound over the ball.
+* :func:`certified_radius` - appendix "Finding the certifiable radius": the largest ``R`` with
+  bound ``<= level/M``, by batched bisection on ``b(R) = lam (level - 1)/(M - level)``.
+* :func:`theorem1_distance` - Theorem 1: the distance to the training set beyond which
+  ``p(y|z) <= (1 + eps)/M``.
+
+Explained in the book chapters *Theorem 1, numerically* and *Corollary 1 and the certified radius*.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ccu.density import _radius
+from ccu.metric import squared_distances
+from ccu.model import CCU
+from ccu.validation import as_tensor, check_batch
+
+
+def _check_model(model: CCU, check_constraint: bool) -> None:
+    if not isinstance(model, CCU):
+        raise TypeError(f"model must be a ccu.CCU; got {type(model).__name__}.")
+    if check_constraint:
+        model.check_constraint()
+
+
+def _centres(model: CCU, x0) -> torch.Tensor:
+    x0 = as_tensor(x0, "x0")
+    return check_batch(x0, model.dim, "x0")
+
+
+def _log_b_functions(model: CCU, x0: torch.Tensor):
+    """Return ``log_b(R)``: log of Corollary 1's ``b`` as a function of the radii (N,)."""
+    upper = model.density_in.ball_bounds(x0).upper
+    lower = model.density_out.ball_bounds(x0).lower
+    return lambda r: upper(r) - lower(r)
+
+
+def _bound_from_log_b(log_b: torch.Tensor, log_lam: float, M: int) -> torch.Tensor:
+    # (1/M)(1 + M u)/(1 + u) with u = b/lam  ==  sigmoid(log u) + sigmoid(-log u)/M (stable).
+    z = log_b - log_lam
+    return torch.sigmoid(z) + torch.sigmoid(-z) / M
+
+
+def log_ratio_bound(model: CCU, x0, radius, check_constraint: bool = True) -> torch.Tensor:
+    """``log b`` of Corollary 1 for the balls ``d(x, x0) <= radius`` (float64, (N,))."""
+    _check_model(model, check_constraint)
+    x0 = _centres(model, x0)
+    return _log_b_functions(model, x0)(_radius(radius, x0.shape[0]))
+
+
+def confidence_bound(model: CCU, x0, radius, check_constraint: bool = True) -> torch.Tensor:
+    """Corollary 1: an upper bound of ``max_y p(y|x)`` over ``d(x, x0) <= radius``; float64 (N,).
+
+    ``radius`` is a scalar or one radius per centre. Holds whatever the classifier's logits.
+    """
+    log_b = log_ratio_bound(model, x0, radius, check_constraint)
+    return _bound_from_log_b(log_b, float(model.log_lam), model.num_classes)
+
+
+def certified_radius(
+    model: CCU,
+    x0,
+    level: float = 1.1,
+    rtol: float = 1e-12,
+    max_iter: int = 200,
+    check_constraint: bool = True,
+) -> torch.Tensor:
+    """Largest ``R`` whose Corollary 1 bound is ``<= level / M``; 0 where even ``R = 0`` is above.
+
+    Batched bisection on the monotone ``log b(R)`` against ``log(lam (level - 1)/(M - level))``
+    (float64). The returned radius is the lower end of the final bracket, so its bound never
+    exceeds ``level / M``.
+    """
+    _check_model(model, check_constraint)
+    M = model.num_classes
+    level = float(level)
+    if not (1.0 < level < M):
+        raise ValueError(
+            f"level must lie in (1, M) = (1, {M}): the bound is level/M, between uniform (1/M) "
+            f"and certain (1); got {level}."
+        )
+    x0 = _centres(model, x0)
+    n = x0.shape[0]
+    log_b = _log_b_functions(model, x0)
+    target = float(model.log_lam) + math.log(level - 1.0) - math.log(M - level)
+
+    lo = torch.zeros(n, dtype=torch.float64)
+    ok = log_b(lo) <= target
+    radius = torch.zeros(n, dtype=torch.float64)
+    if not bool(ok.any()):
+        return radius
+    idx = ok.nonzero().squeeze(1)
+    lo = lo[idx]
+    # Bracket: double the upper end until b(hi) > target (b -> infinity as R -> infinity).
+    hi = torch.ones_like(lo)
+    log_b_sub = _log_b_functions(model, x0[idx])
+    for _ in range(1100):
+        above = log_b_sub(hi) > target
+        if bool(above.all()):
+            break
+        lo = torch.where(above, lo, hi)
+        hi = torch.where(above, hi, 2.0 * hi)
+    else:  # pragma: no cover - b grows without bound, this cannot be reached
+        raise RuntimeError("certified_radius: could not bracket the radius.")
+    for _ in range(max_iter):
+        mid = 0.5 * (lo + hi)
+        above = log_b_sub(mid) > target
+        lo = torch.where(above, lo, mid)
+        hi = torch.where(above, mid, hi)
+        if bool(((hi - lo) <= rtol * hi).all()):
+            break
+    radius[idx] = lo
+    return radius
+
+
+@dataclass
+class Theorem1Terms:
+    """Every quantity of Theorem 1 for a batch of points z (all (N,), float64)."""
+
+    distance: torch.Tensor  # the right-hand side of the theorem's condition
+    nearest: torch.Tensor  # min_i d(z, x_i), its left-hand side
+    k_star: torch.Tensor
+    l_star: torch.Tensor
+    i_star: torch.Tensor
+    delta: torch.Tensor  # theta_{l*}^2 / sigma_{k*}^2 - 1
+    data_to_mean: torch.Tensor  # d(x_{i*}, mu_{k*})
+    mean_to_mean: torch.Tensor  # d(mu_{k*}, nu_{l*})
+    log_term: torch.Tensor  # log((M-1)/(eps lam) * sum_k alpha_k / beta_{l*})
+
+    @property
+    def certified(self) -> torch.Tensor:
+        """Points where the condition holds, i.e. ``p(y|z) <= (1 + eps)/M`` is guaranteed."""
+        return self.nearest >= self.distance
+
+
+def nearest_training_point(metric, z: torch.Tensor, train_x, chunk: int = 4096):
+    """``(min_i d(z, x_i), argmin_i)`` under ``metric``, chunked over the training set (float64)."""
+    train = check_batch(as_tensor(train_x, "train_x"), metric.dim, "train_x")
+    wz = z.double() @ metric.whitening.double()
+    W = metric.whitening.double()
+    best = torch.full((z.shape[0],), float("inf"), dtype=torch.float64)
+    arg = torch.zeros(z.shape[0], dtype=torch.long)
+    for start in range(0, train.shape[0], chunk):
+        wt = train[start : start + chunk].double() @ W
+        sq = squared_distances(wz, wt)
+        val, j = sq.min(dim=1)
+        better = val < best
+        best = torch.where(better, val, best)
+        arg = torch.where(better, j + start, arg)
+    return best.sqrt(), arg
+
+
+def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False) -> Theorem1Terms:
+    """Theorem 1's condition for each point of ``z``: see :class:`Theorem1Terms`.
+
+    The proof gives the last term as ``theta sqrt(2 log(...) / Delta)`` (from ``1/a = 2 theta^2 /
+    Delta``); the printed theorem drops the factor ``sqrt(2)``, which makes the distance too
+    small and the guarantee false for some models (see the book). ``as_printed=True`` returns
+    the printed formula, for comparison only. ``l*`` is the out-component with the *largest*
+    ``beta_l exp(-d(z, nu_l)^2 / 2 theta_l^2)`` (the proof's max; the statement's "argmin" is a
+    typo, though any ``l`` gives a valid condition). Negative log terms are clipped at 0.
+    """
+    _check_model(model, check_constraint=True)
+    eps = float(eps)
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be a positive number; got {eps}.")
+    gin, gout = model._gmms()
+    z = _centres(model, z)
+    M = model.num_classes
+    d_in = gin.whitened_distances(z)  # (N, K_i)
+    d_out = gout.whitened_distances(z)  # (N, K_o)
+    with torch.no_grad():
+        log_var_in = gin.log_variances.double()
+        log_var_out = gout.log_variances.double()
+        log_alpha = gin.log_alpha().double()
+        log_beta = gout.log_alpha().double()
+        mu = gin.whitened_means.double()
+        nu = gout.whitened_means.double()
+    k_star = (d_in / (0.5 * log_var_in).exp()).argmin(dim=1)
+    l_star = (log_beta - 0.5 * d_out.square() / log_var_out.exp()).argmax(dim=1)
+    nearest, i_star = nearest_training_point(model.metric, z, train_x)
+    train = check_batch(as_tensor(train_x, "train_x"), model.dim, "train_x")
+    w_i = train[i_star].double() @ model.metric.whitening.double()
+    data_to_mean = (w_i - mu[k_star]).norm(dim=1)
+    mean_to_mean = (mu[k_star] - nu[l_star]).norm(dim=1)
+    delta = (log_var_out[l_star] - log_var_in[k_star]).exp() - 1.0
+    theta = (0.5 * log_var_out[l_star]).exp()
+    log_term = (
+        math.log(M - 1)
+        - math.log(eps)
+        - float(model.log_lam)
+        + torch.logsumexp(log_alpha, 0)
+        - log_beta[l_star]
+    )
+    factor = 1.0 if as_printed else 2.0
+    last = theta * torch.sqrt(factor * log_term.clamp_min(0.0) / delta)
+    distance = data_to_mean + mean_to_mean * (2.0 / delta + delta.rsqrt()) + last
+    return Theorem1Terms(
+        distance, nearest, k_star, l_star, i_star, delta, data_to_mean, mean_to_mean, log_term
+    )
+
+
+def theorem1_distance(model: CCU, z, train_x, eps: float) -> torch.Tensor:
+    """Theorem 1's right-hand side for each ``z``: if ``min_i d(z, x_i)`` is at least this,
+    then ``max_y p(y|z) <= (1 + eps)/M``. float64 (N,)."""
+    return theorem1_terms(model, z, train_x, eps).distance

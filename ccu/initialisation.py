@@ -1,0 +1,46 @@
+"""Build a CCU model from data: the metric from in-data, EM mixtures for in- and out-data.
+
+Section "Experiments", paragraph CCU: C is the floored covariance of (augmented) in-data; the
+in-GMM is initialised by EM with spherical covariances in whitened space on in-data, the
+out-GMM on (a subset of) the out-distribution; then ``theta >= 2 max sigma`` is enforced.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ccu.density import GaussianMixture
+from ccu.metric import Mahalanobis
+from ccu.model import CCU
+
+
+def init_ccu(
+    classifier: nn.Module,
+    x_in: torch.Tensor,
+    x_out: torch.Tensor,
+    num_classes: int,
+    n_components: int = 100,
+    n_components_out: int | None = None,
+    lam: float = 1.0,
+    floor: float = 1e-6,
+    seed: int = 0,
+    x_metric: torch.Tensor | None = None,
+    max_out: int = 20000,
+) -> CCU:
+    """A CCU model around ``classifier`` with metric and mixtures fitted to the data.
+
+    ``x_metric`` (default ``x_in``) is the data for the covariance, e.g. augmented in-data.
+    At most ``max_out`` out-distribution points (the paper: 20,000) are used for EM.
+    """
+    metric = Mahalanobis.fit(x_in if x_metric is None else x_metric, floor=floor)
+    k_in = min(n_components, len(x_in))
+    k_out = min(n_components_out or n_components, len(x_out))
+    if len(x_out) > max_out:
+        gen = torch.Generator().manual_seed(seed)
+        x_out = x_out[torch.randperm(len(x_out), generator=gen)[:max_out]]
+    gmm_in = GaussianMixture.fit(x_in, k_in, metric, seed=seed)
+    gmm_out = GaussianMixture.fit(x_out, k_out, metric, seed=seed + 1)
+    model = CCU(classifier, gmm_in, gmm_out, num_classes, lam=lam)
+    model.enforce_constraint()
+    return model

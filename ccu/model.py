@@ -1,0 +1,173 @@
+"""The CCU model: a classifier calibrated by in- and out-distribution densities.
+
+Eq. after "loss1" of the paper::
+
+    p(y|x) = ( p(y|x,i) p(x|i) + (lambda / M) p(x|o) ) / ( p(x|i) + lambda p(x|o) )
+    p(x)   = ( p(x|i) + lambda p(x|o) ) / (1 + lambda)
+
+with ``p(y|x,i)`` the softmax of the classifier's logits and ``lambda = p(o) / p(i)``. Everything
+is computed in log space: in D = 3072 the densities reach exp(-10^7). The book chapter
+*Two moons* introduces the model, *Theorem 1, numerically* its guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ccu.density import DensityModel, GaussianMixture
+from ccu.validation import check_batch
+
+
+class ConstraintError(ValueError):
+    """The model violates ``min_l theta_l > max_k sigma_k`` (Theorem 1's assumption)."""
+
+
+class CCU(nn.Module):
+    """``CCU(classifier, density_in, density_out, num_classes, lam=1.0)``; calling it returns
+    ``log p(y|x)`` of shape (N, M).
+
+    ``classifier`` maps a batch (N, ...) to logits (N, M). Both densities must share one metric
+    (the balls of Corollary 1 are balls of that metric).
+    """
+
+    def __init__(
+        self,
+        classifier: nn.Module,
+        density_in: DensityModel,
+        density_out: DensityModel,
+        num_classes: int,
+        lam: float = 1.0,
+    ):
+        super().__init__()
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"num_classes must be an integer >= 2; got {num_classes!r}.")
+        lam = float(lam)
+        if not math.isfinite(lam) or lam <= 0:
+            raise ValueError(
+                f"lam = p(o)/p(i) must be a positive finite number; got {lam}. The paper uses 1."
+            )
+        for name, d in (("density_in", density_in), ("density_out", density_out)):
+            if not isinstance(d, DensityModel):
+                raise TypeError(
+                    f"{name} must be a ccu.DensityModel (e.g. ccu.GaussianMixture); "
+                    f"got {type(d).__name__}."
+                )
+        if density_in.dim != density_out.dim:
+            raise ValueError(
+                f"density_in is {density_in.dim}-dimensional but density_out is "
+                f"{density_out.dim}-dimensional."
+            )
+        if not density_in.metric.same_as(density_out.metric):
+            raise ValueError(
+                "density_in and density_out must share one metric (Corollary 1 bounds both over "
+                "the same ball); build both mixtures with the same ccu.Mahalanobis."
+            )
+        self.classifier = classifier
+        self.density_in = density_in
+        self.density_out = density_out
+        self.num_classes = num_classes
+        self.register_buffer("log_lam", torch.tensor(math.log(lam), dtype=torch.float64))
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def lam(self) -> float:
+        return float(self.log_lam.exp())
+
+    @property
+    def metric(self):
+        return self.density_in.metric
+
+    @property
+    def dim(self) -> int:
+        return self.density_in.dim
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.classifier(x)
+        if out.ndim != 2 or out.shape != (x.shape[0], self.num_classes):
+            raise ValueError(
+                f"the classifier must return logits of shape (N, {self.num_classes}); "
+                f"got {tuple(out.shape)} for a batch of {x.shape[0]}."
+            )
+        return out
+
+    def log_densities(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log p(x|i), log p(x|o))``, each (N,); the input is whitened once for both."""
+        flat = check_batch(x, self.dim)
+        w = self.metric.whiten(flat)
+        return self.density_in.log_prob_whitened(w), self.density_out.log_prob_whitened(w)
+
+    def _combine(self, log_softmax, log_pi, log_po):
+        log_lam = self.log_lam.to(log_pi.dtype)
+        log_out = (log_lam - math.log(self.num_classes) + log_po)[:, None]
+        num = torch.logaddexp(log_softmax + log_pi[:, None], log_out.expand_as(log_softmax))
+        den = torch.logaddexp(log_pi, log_lam + log_po)
+        return num - den[:, None], den
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``log p(y|x)``, (N, M)."""
+        return self.log_probs_and_marginal(x)[0]
+
+    def log_probs_and_marginal(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log p(y|x) (N, M), log p(x) (N,))`` from one pass (what the loss needs)."""
+        log_pi, log_po = self.log_densities(x)
+        log_softmax = torch.log_softmax(self.logits(x), dim=1)
+        log_py, den = self._combine(log_softmax, log_pi, log_po)
+        log_px = den - torch.log1p(self.log_lam.exp()).to(den.dtype)
+        return log_py, log_px
+
+    def log_marginal(self, x: torch.Tensor) -> torch.Tensor:
+        """``log p(x) = log((p(x|i) + lambda p(x|o)) / (1 + lambda))``, (N,)."""
+        return self.log_probs_and_marginal(x)[1]
+
+    @torch.no_grad()
+    def confidence(self, x: torch.Tensor) -> torch.Tensor:
+        """``max_y p(y|x)``, (N,)."""
+        return self(x).max(dim=1).values.exp()
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Predicted class: the classifier's argmax (the calibration does not change ranking)."""
+        return self.logits(x).argmax(dim=1)
+
+    # ------------------------------------------------------------------ the constraint
+    def _gmms(self) -> tuple[GaussianMixture, GaussianMixture]:
+        if not (
+            isinstance(self.density_in, GaussianMixture)
+            and isinstance(self.density_out, GaussianMixture)
+        ):
+            raise TypeError(
+                "this needs Gaussian mixtures for both densities (sigma_k and theta_l); got "
+                f"{type(self.density_in).__name__} and {type(self.density_out).__name__}."
+            )
+        return self.density_in, self.density_out
+
+    def constraint_gap(self) -> float:
+        """``min_l log theta_l - max_k log sigma_k`` (> 0 when Theorem 1 applies)."""
+        gin, gout = self._gmms()
+        return 0.5 * float(gout.log_variances.detach().min() - gin.log_variances.detach().max())
+
+    def constraint_holds(self) -> bool:
+        """``min_l theta_l > max_k sigma_k``."""
+        return self.constraint_gap() > 0
+
+    def check_constraint(self) -> None:
+        """Raise :class:`ConstraintError` unless ``min theta > max sigma``."""
+        if not self.constraint_holds():
+            gin, gout = self._gmms()
+            raise ConstraintError(
+                f"min theta = {float(gout.sigmas.min()):.4g} is not larger than max sigma = "
+                f"{float(gin.sigmas.max()):.4g}: Theorem 1's assumption fails. Call "
+                "model.enforce_constraint() (the paper does so after every gradient step)."
+            )
+
+    @torch.no_grad()
+    def enforce_constraint(self, factor: float = 2.0) -> None:
+        """``theta_l <- max(theta_l, factor * max_k sigma_k)`` (the paper: factor 2, every step)."""
+        if factor <= 1:
+            raise ValueError(f"factor must be > 1 for a strict constraint; got {factor}.")
+        gin, gout = self._gmms()
+        floor = gin.log_variances.max() + 2.0 * math.log(factor)
+        gout.log_variances.clamp_(min=float(floor))

@@ -1,0 +1,53 @@
+"""Input checks shared by the library: every error says what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def as_tensor(x, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Convert array-likes to a tensor, with a clear error for things that are not numeric."""
+    if isinstance(x, torch.Tensor):
+        return x if dtype is None else x.to(dtype)
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # pragma: no cover - numpy raises many types
+        raise TypeError(f"{name} must be a tensor or array; got {type(x).__name__}.") from exc
+    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
+        raise TypeError(f"{name} must be numeric; got an array of dtype {arr.dtype}.")
+    t = torch.from_numpy(np.ascontiguousarray(arr))
+    return t if dtype is None else t.to(dtype)
+
+
+def check_finite(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Raise ``ValueError`` if ``x`` holds NaN or infinite values."""
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        n_nan = int(torch.isnan(x).sum())
+        n_inf = int(torch.isinf(x).sum())
+        raise ValueError(
+            f"{name} contains {n_nan} NaN and {n_inf} infinite values; "
+            "clean or re-scale the input (images are expected in [0, 1])."
+        )
+    return x
+
+
+def check_batch(x: torch.Tensor, dim: int, name: str = "x") -> torch.Tensor:
+    """Flatten a batch to (N, dim), checking the feature count and finiteness."""
+    if not isinstance(x, torch.Tensor):
+        x = as_tensor(x, name, dtype=torch.get_default_dtype())
+    if x.ndim == 0:
+        raise ValueError(f"{name} must be a batch of shape (N, ...); got a scalar.")
+    if x.ndim == 1:
+        raise ValueError(
+            f"{name} must be a batch of shape (N, {dim}) or (N, C, H, W); got shape "
+            f"{tuple(x.shape)}. For a single point use x[None]."
+        )
+    flat = x.reshape(x.shape[0], -1)
+    if flat.shape[1] != dim:
+        raise ValueError(
+            f"{name} has {flat.shape[1]} features per sample (shape {tuple(x.shape)}) but the "
+            f"model is {dim}-dimensional; inputs and model must come from the same dataset."
+        )
+    check_finite(flat, name)
+    return flat
