@@ -100,11 +100,15 @@ class CCU(nn.Module):
         return self.density_in.log_prob_whitened(w), self.density_out.log_prob_whitened(w)
 
     def _combine(self, log_softmax, log_pi, log_po):
+        # Work with r = log p(x|i) - log p(x|o): log p(y|x) depends on the densities only through
+        # r, and r stays representable when each log-density is -1e9 (float32 spacing 128 there).
         log_lam = self.log_lam.to(log_pi.dtype)
-        log_out = (log_lam - math.log(self.num_classes) + log_po)[:, None]
-        num = torch.logaddexp(log_softmax + log_pi[:, None], log_out.expand_as(log_softmax))
+        r = (log_pi - log_po)[:, None]
+        const = (log_lam - math.log(self.num_classes)).expand_as(log_softmax)
+        num = torch.logaddexp(log_softmax + r, const)
+        log_py = num - torch.logaddexp(r, log_lam.expand_as(r))
         den = torch.logaddexp(log_pi, log_lam + log_po)
-        return num - den[:, None], den
+        return log_py, den
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``log p(y|x)``, (N, M)."""

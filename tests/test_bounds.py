@@ -1,0 +1,167 @@
+"""The certificates against brute force and attacks on random models (hypothesis)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import ccu
+from helpers import SaturatedClassifier, log_uniform, random_ccu
+
+TOL = 1e-9  # float64 models and bounds: only rounding separates them
+
+models = st.builds(
+    lambda seed, d, k_in, k_out, m, u_lam, clf, gap: random_ccu(
+        seed, d, k_in, k_out, m, log_uniform(u_lam, 0.05, 20.0), clf, gap
+    ),
+    seed=st.integers(0, 10_000),
+    d=st.integers(1, 6),
+    k_in=st.integers(1, 4),
+    k_out=st.integers(1, 4),
+    m=st.integers(2, 10),
+    u_lam=st.floats(0.0, 1.0),
+    clf=st.sampled_from(["saturated", "mlp"]),
+    gap=st.floats(0.02, 2.0),
+)
+
+
+def _confidence(model, x):
+    with torch.no_grad():
+        return model(x).exp().max(1).values
+
+
+@given(model=models, seed=st.integers(0, 1000), radius=st.floats(0.0, 6.0))
+def test_corollary1_random_and_boundary_points(model, seed, radius):
+    gen = torch.Generator().manual_seed(seed)
+    x0 = 3.0 * torch.randn(4, model.dim, generator=gen, dtype=torch.float64)
+    bound = ccu.confidence_bound(model, x0, radius)
+    assert bound.shape == (4,)
+    assert bool(((bound >= 1 / model.num_classes - TOL) & (bound <= 1 + TOL)).all())
+    inside = ccu.sample_in_ball(x0, radius, model.metric, 300, seed=seed)
+    conf = _confidence(model, inside.reshape(-1, model.dim)).reshape(4, -1)
+    assert bool((conf.max(1).values <= bound + TOL).all())
+    # points on the sphere d(x, x0) = R
+    u = torch.randn(4 * 64, model.dim, generator=gen, dtype=torch.float64)
+    u = radius * u / u.norm(dim=1, keepdim=True)
+    edge = x0.repeat_interleave(64, 0) + model.metric.unwhiten(u)
+    conf = _confidence(model, edge).reshape(4, -1)
+    assert bool((conf.max(1).values <= bound + TOL).all())
+
+
+@given(model=models, seed=st.integers(0, 1000), radius=st.floats(0.01, 6.0))
+def test_corollary1_against_gradient_ascent(model, seed, radius):
+    gen = torch.Generator().manual_seed(seed)
+    x0 = 3.0 * torch.randn(3, model.dim, generator=gen, dtype=torch.float64)
+    bound = ccu.confidence_bound(model, x0, radius)
+    res = ccu.ball_attack(
+        ccu.confidence_score(model), x0, radius, model.metric, steps=40, restarts=4, box=None,
+        seed=seed,
+    )
+    assert bool((res.distance <= radius * (1 + 1e-9)).all())
+    assert bool((res.score.exp() <= bound + TOL).all())
+
+
+@given(model=models, seed=st.integers(0, 1000), eps=st.floats(1e-3, 2.0))
+def test_theorem1_beyond_the_distance_confidence_is_low(model, seed, eps):
+    gen = torch.Generator().manual_seed(seed)
+    train = torch.randn(30, model.dim, generator=gen, dtype=torch.float64)
+    directions = torch.randn(8, model.dim, generator=gen, dtype=torch.float64)
+    directions = directions / directions.norm(dim=1, keepdim=True)
+    # walk along rays from training points; keep the points where the condition holds
+    scales = torch.logspace(-1, 4, 40, dtype=torch.float64)
+    z = (train[:8, None, :] + scales[None, :, None] * directions[:, None, :]).reshape(-1, model.dim)
+    terms = ccu.theorem1_terms(model, z, train, eps)
+    ok = terms.certified
+    assert bool(ok.any()), "far enough along every ray the condition must hold"
+    conf = _confidence(model, z[ok])
+    assert bool((conf <= (1 + eps) / model.num_classes + TOL).all())
+    torch.testing.assert_close(terms.distance, ccu.theorem1_distance(model, z, train, eps))
+    # the distance shrinks as eps grows (the log term decreases)
+    bigger = ccu.theorem1_distance(model, z, train, 2 * eps)
+    assert bool((bigger <= terms.distance + 1e-9).all())
+
+
+def test_theorem1_as_printed_can_be_violated():
+    """The printed theorem lacks a factor sqrt(2) in its last term; a 1-D counterexample."""
+    metric = ccu.Mahalanobis.identity(1)
+    gin = ccu.GaussianMixture(torch.zeros(1, 1), torch.zeros(1), torch.zeros(1), metric)
+    gout = ccu.GaussianMixture(
+        torch.zeros(1, 1), torch.tensor([math.log(4.0)]), torch.zeros(1), metric
+    )
+    model = ccu.CCU(SaturatedClassifier(10), gin, gout, 10).double()
+    train = torch.zeros(1, 1, dtype=torch.float64)
+    eps = 1e-3
+    z_printed = ccu.theorem1_terms(model, torch.ones(1, 1), train, eps, as_printed=True).distance
+    z_ours = ccu.theorem1_distance(model, torch.ones(1, 1), train, eps)
+    assert float(z_ours) == pytest.approx(math.sqrt(2) * float(z_printed))
+    conf_printed = _confidence(model, z_printed.reshape(1, 1))
+    conf_ours = _confidence(model, z_ours.reshape(1, 1))
+    assert float(conf_printed) > (1 + eps) / 10  # the printed guarantee fails
+    assert float(conf_ours) <= (1 + eps) / 10
+
+
+@given(model=models, seed=st.integers(0, 1000))
+def test_certified_radius_properties(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    M = model.num_classes
+    x0 = 4.0 * torch.randn(6, model.dim, generator=gen, dtype=torch.float64)
+    levels = [1.0 + f * (M - 1.0) for f in (0.02, 0.1, 0.5, 0.9)]
+    radii = [ccu.certified_radius(model, x0, level) for level in levels]
+    for small, big in zip(radii, radii[1:], strict=False):
+        assert bool((small <= big).all())
+    for level, r in zip(levels, radii, strict=True):
+        assert bool((r >= 0).all())
+        pos = r > 0
+        if pos.any():
+            b = ccu.confidence_bound(model, x0[pos], r[pos])
+            torch.testing.assert_close(b, torch.full_like(b, level / M), atol=1e-6, rtol=0)
+        zero = ~pos
+        if zero.any():  # even R = 0 is above the level
+            b0 = ccu.confidence_bound(model, x0[zero], 0.0)
+            assert bool((b0 > level / M - 1e-12).all())
+
+
+def test_certified_radius_zero_when_center_is_confident():
+    model = random_ccu(5, gap=0.3)
+    centre = model.density_in.means[:1].detach()  # at an in-mean the in-density dominates
+    assert float(ccu.confidence_bound(model, centre, 0.0)) > 1.1 / model.num_classes
+    assert float(ccu.certified_radius(model, centre)) == 0.0
+
+
+def test_certified_radius_far_away_is_large_and_sound():
+    model = random_ccu(6)
+    x0 = torch.full((2, 3), 40.0, dtype=torch.float64)
+    r = ccu.certified_radius(model, x0)
+    assert bool((r > 1.0).all())
+    res = ccu.ball_attack(ccu.confidence_score(model), x0, r, model.metric, steps=60, box=None)
+    assert bool((res.score.exp() <= 1.1 / model.num_classes + TOL).all())
+
+
+def test_bound_errors():
+    model = random_ccu(7)
+    x0 = torch.zeros(2, 3, dtype=torch.float64)
+    for level in (1.0, 0.5, model.num_classes, 10.0):
+        with pytest.raises(ValueError, match="level must lie in"):
+            ccu.certified_radius(model, x0, level)
+    with pytest.raises(ValueError, match="eps must be"):
+        ccu.theorem1_distance(model, x0, x0, 0.0)
+    with pytest.raises(ValueError, match="3-dimensional"):
+        ccu.confidence_bound(model, torch.zeros(2, 4), 1.0)
+    with pytest.raises(ValueError, match="NaN"):
+        ccu.certified_radius(model, torch.full((1, 3), float("nan")))
+    with pytest.raises(ValueError, match="radius must be"):
+        ccu.confidence_bound(model, x0, torch.ones(3))
+    with torch.no_grad():
+        model.density_out.log_variances.fill_(float(model.density_in.log_variances.min()))
+    for call in (
+        lambda: ccu.confidence_bound(model, x0, 1.0),
+        lambda: ccu.certified_radius(model, x0),
+        lambda: ccu.theorem1_distance(model, x0, x0, 0.1),
+    ):
+        with pytest.raises(ccu.ConstraintError, match="min theta"):
+            call()
+    with pytest.raises(TypeError, match="ccu.CCU"):
+        ccu.confidence_bound(nn.Linear(3, 2), x0, 1.0)
