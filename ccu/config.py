@@ -63,7 +63,7 @@ class TrainSettings:
 #: and a few hundred steps, 1e-5 would leave the mixtures where EM put them.
 DATASET_SETTINGS: dict[str, TrainSettings] = {
     "moons": TrainSettings(lr=1e-2, gmm_lr=1e-2, weight_decay=0.0, batch_size=64),
-    "digits": TrainSettings(lr=1e-3, gmm_lr=1e-3, batch_size=128),
+    "digits": TrainSettings(lr=1e-2, gmm_lr=1e-5, batch_size=128),
     "mnist": TrainSettings(classifier="lenet"),
     "mnist-offline": TrainSettings(classifier="lenet"),
 }

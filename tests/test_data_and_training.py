@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+import ccu
+from ccu.data import get_spec, load_dataset
+from ccu.train import paired_batches
+
+
+@pytest.mark.parametrize("name", ["moons", "digits"])
+def test_offline_datasets_load_deterministically(name):
+    a, b = load_dataset(name, seed=3), load_dataset(name, seed=3)
+    spec = get_spec(name)
+    assert a.train_x.shape[1:] == spec.shape and a.out_x.shape[1:] == spec.shape
+    assert set(a.train_y.unique().tolist()) == set(range(spec.num_classes))
+    assert a.checksum() == b.checksum()
+    assert torch.equal(a.out_x, b.out_x)
+    if spec.value_range is not None:
+        lo, hi = spec.value_range
+        assert float(a.train_x.min()) >= lo and float(a.train_x.max()) <= hi
+        assert float(a.out_x.min()) >= lo and float(a.out_x.max()) <= hi
+    assert load_dataset(name, seed=4).checksum() != a.checksum()
+
+
+def test_unknown_dataset_lists_known_ones():
+    with pytest.raises(ValueError, match="known datasets: digits, moons"):
+        load_dataset("mnistt")
+
+
+def test_unknown_profile():
+    with pytest.raises(ValueError, match="unknown profile 'fast'"):
+        ccu.get_profile("fast")
+    assert ccu.get_profile("smoke", epochs=3).epochs == 3
+
+
+def test_paired_batches_drop_nothing():
+    gen = torch.Generator().manual_seed(0)
+    batches = list(paired_batches(10, 7, 4, gen))
+    ins = torch.cat([i for i, _ in batches])
+    outs = torch.cat([o for _, o in batches])
+    assert sorted(ins.tolist()) == list(range(10))
+    assert all(len(i) == len(o) for i, o in batches)
+    assert sorted(outs[:7].tolist()) == list(range(7))  # the first pass uses every out-sample
+
+
+def _full_loss(model, data):
+    with torch.no_grad():
+        if isinstance(model, ccu.CCU):
+            return float(ccu.ccu_loss(model, data.train_x, data.train_y, data.out_x[:600]).loss)
+        return float(torch.nn.functional.cross_entropy(model(data.train_x), data.train_y))
+
+
+@pytest.mark.parametrize("kind", ["base", "ccu"])
+def test_training_on_digits(kind):
+    torch.manual_seed(0)
+    data = load_dataset("digits").subset(600)
+    clf = ccu.make_classifier("mlp", data.spec.shape, data.num_classes, hidden=32)
+    model = clf if kind == "base" else ccu.init_ccu(clf, data.train_x, data.out_x, 10, 5)
+    before = _full_loss(model, data)
+    hist = ccu.Trainer(10, ccu.train_settings("digits"), progress=False).fit(model, data)
+    assert _full_loss(model, data) < before - 0.5
+    assert len(hist.loss) == 10
+    assert ccu.accuracy(model, data.test_x, data.test_y) > 0.8
+    if kind == "ccu":
+        assert len(hist.constraint_gap) == 10 * 5  # 600 points in batches of 128
+        # theta >= 2 max sigma after every step: log-gap >= log 2
+        assert min(hist.constraint_gap) >= 0.6931471805599453 - 1e-6
