@@ -152,7 +152,9 @@ class GaussianMixture(DensityModel):
         log_weights = as_tensor(log_weights, "log_weights", dtype=torch.float64).reshape(-1)
         for name, t in (("log_variances", log_variances), ("log_weights", log_weights)):
             if t.numel() != K:
-                raise ValueError(f"{name} must have one entry per component ({K}); got {t.numel()}.")
+                raise ValueError(
+                    f"{name} must have one entry per component ({K}); got {t.numel()}."
+                )
         check_finite(whitened, "means")
         check_finite(log_variances, "log_variances")
         if bool(torch.isnan(log_weights).any()) or bool((log_weights == float("inf")).any()):
@@ -269,7 +271,9 @@ class GaussianMixture(DensityModel):
             init_params="kmeans",
         ).fit(w)
         if verbose:
-            print(f"EM: {n_components} components on {w.shape} in {time.perf_counter() - start:.1f}s")
+            print(
+                f"EM: {n_components} components on {w.shape} in {time.perf_counter() - start:.1f}s"
+            )
         log_weights = np.log(sk.weights_)
         log_weights -= np.logaddexp.reduce(log_weights)
         return cls.from_whitened(sk.means_, np.log(sk.covariances_), log_weights, metric)

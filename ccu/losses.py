@@ -33,9 +33,7 @@ class LossTerms:
         return {k: float(v.detach()) for k, v in self.__dict__.items()}
 
 
-def ccu_loss(
-    model: CCU, x_in: torch.Tensor, y_in: torch.Tensor, x_out: torch.Tensor
-) -> LossTerms:
+def ccu_loss(model: CCU, x_in: torch.Tensor, y_in: torch.Tensor, x_out: torch.Tensor) -> LossTerms:
     """Negative eq. "loss1" on an in-batch (x_in, y_in) and an out-batch x_out."""
     if y_in.ndim != 1 or y_in.shape[0] != x_in.shape[0]:
         raise ValueError(

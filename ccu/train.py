@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm.std import tqdm
 
 from ccu.config import TrainSettings
 from ccu.data import Dataset

@@ -1,8 +1,8 @@
 import pytest
 import torch
+from helpers import random_metric
 
 import ccu
-from helpers import random_metric
 
 
 def test_finds_the_maximiser_of_a_linear_score():
@@ -27,16 +27,20 @@ def test_end_points_lie_in_ball_and_box(seed):
     x0 = torch.rand(10, d, generator=gen, dtype=torch.float64)
     R = 10 ** (2 * torch.rand(10, generator=gen, dtype=torch.float64) - 1)
     w = torch.randn(d, generator=gen, dtype=torch.float64)
-    res = ccu.ball_attack(lambda x: torch.sin(5 * x) @ w, x0, R, metric, steps=30, restarts=3,
-                          seed=seed)
+    res = ccu.ball_attack(
+        lambda x: torch.sin(5 * x) @ w, x0, R, metric, steps=30, restarts=3, seed=seed
+    )
     assert bool((res.x >= 0).all() and (res.x <= 1).all())
     dist = metric.whiten(res.x - x0).norm(dim=1)
     assert bool((dist <= R).all())
     torch.testing.assert_close(dist, res.distance)
     pts = ccu.sample_in_ball(x0, R, metric, 50, seed=seed, box=(0.0, 1.0))
     assert bool((pts >= 0).all() and (pts <= 1).all())
-    assert bool((metric.whiten((pts - x0[:, None]).reshape(-1, d)).norm(dim=1)
-                 <= R.repeat_interleave(50)).all())
+    assert bool(
+        (
+            metric.whiten((pts - x0[:, None]).reshape(-1, d)).norm(dim=1) <= R.repeat_interleave(50)
+        ).all()
+    )
 
 
 def test_images_keep_their_shape_and_bad_inputs():

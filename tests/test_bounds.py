@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
+from helpers import SaturatedClassifier, log_uniform, random_ccu
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
 import ccu
-from helpers import SaturatedClassifier, log_uniform, random_ccu
 
 TOL = 1e-9  # float64 models and bounds: only rounding separates them
 
@@ -57,7 +57,13 @@ def test_corollary1_against_gradient_ascent(model, seed, radius):
     x0 = 3.0 * torch.randn(3, model.dim, generator=gen, dtype=torch.float64)
     bound = ccu.confidence_bound(model, x0, radius)
     res = ccu.ball_attack(
-        ccu.confidence_score(model), x0, radius, model.metric, steps=40, restarts=4, box=None,
+        ccu.confidence_score(model),
+        x0,
+        radius,
+        model.metric,
+        steps=40,
+        restarts=4,
+        box=None,
         seed=seed,
     )
     assert bool((res.distance <= radius * (1 + 1e-9)).all())

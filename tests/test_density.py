@@ -3,10 +3,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import random_gmm, random_metric
 from scipy.stats import multivariate_normal
 
 import ccu
-from helpers import random_gmm, random_metric
 
 
 def test_log_prob_is_a_normalised_gaussian_mixture():
@@ -39,7 +39,9 @@ def test_means_roundtrip_and_params():
     gen = torch.Generator().manual_seed(2)
     metric = random_metric(gen, 4)
     means = torch.randn(5, 4, dtype=torch.float64)
-    gmm = ccu.GaussianMixture(means, torch.zeros(5), torch.full((5,), -math.log(5)), metric).double()
+    gmm = ccu.GaussianMixture(
+        means, torch.zeros(5), torch.full((5,), -math.log(5)), metric
+    ).double()
     torch.testing.assert_close(gmm.means.detach(), means)
     assert not gmm.log_weight_logits.requires_grad
     assert {n for n, p in gmm.named_parameters() if p.requires_grad} == {

@@ -2,10 +2,10 @@ import math
 
 import pytest
 import torch
+from helpers import SaturatedClassifier, random_ccu
 from torch import nn
 
 import ccu
-from helpers import SaturatedClassifier, random_ccu
 
 
 def _direct(model, x):

@@ -1,0 +1,189 @@
+"""Figures of the book (matplotlib): confidence maps, confidence along rays, bounds and radii.
+
+Each function returns the data it plots as well, so that the chapters can ``glue`` numbers from
+the same computation and the tests can check them without looking at pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+import ccu
+from ccu.bounds import theorem1_terms
+
+
+def softmax_confidence(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> max_y softmax(f(x))_y`` for a plain classifier."""
+
+    @torch.no_grad()
+    def conf(x):
+        return torch.softmax(model(x), 1).max(1).values
+
+    return conf
+
+
+def ccu_confidence(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> max_y p(y|x)`` for a :class:`ccu.CCU` model."""
+
+    @torch.no_grad()
+    def conf(x):
+        return model(x).exp().max(1).values
+
+    return conf
+
+
+@torch.no_grad()
+def predicted_class(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> argmax_y`` (for CCU: its classifier's argmax, which the calibration keeps)."""
+    return lambda x: (model.predict(x) if hasattr(model, "predict") else model(x).argmax(1)).float()
+
+
+@torch.no_grad()
+def confidence_grid(confidence, extent: float, grid: int):
+    """Confidence on a ``grid x grid`` lattice over ``[-extent, extent]^2``."""
+    g = torch.linspace(-extent, extent, grid)
+    xx, yy = torch.meshgrid(g, g, indexing="xy")
+    pts = torch.stack([xx.ravel(), yy.ravel()], 1)
+    return g.numpy(), confidence(pts).reshape(grid, grid).numpy()
+
+
+def plot_confidence_maps(
+    models: dict, data, extents=(3.0, 30.0), grid: int = 200, predictors: dict | None = None
+):
+    """Figure 1 of the paper: colour-coded ``max_y p(y|x)`` of each model, near and far.
+
+    ``models`` maps a title to a confidence function (batch (N, 2) -> (N,)); ``predictors``
+    optionally maps the same titles to class predictions, drawn as the decision boundary (white).
+    Returns the figure and a dict ``{(title, extent): grid of confidences}``.
+    """
+    if data.train_x.shape[1:] != (2,):
+        raise ValueError(
+            f"confidence maps need 2-D inputs; dataset {data.name!r} has shape "
+            f"{tuple(data.train_x.shape[1:])}. Use dataset='moons'."
+        )
+    fig, axes = plt.subplots(
+        len(extents), len(models), figsize=(4.2 * len(models), 3.8 * len(extents)), squeeze=False
+    )
+    maps = {}
+    x, y = data.train_x.numpy(), data.train_y.numpy()
+    for j, (title, conf) in enumerate(models.items()):
+        for i, extent in enumerate(extents):
+            g, c = confidence_grid(conf, extent, grid)
+            maps[(title, extent)] = c
+            ax = axes[i, j]
+            im = ax.pcolormesh(g, g, c, vmin=0.5, vmax=1.0, cmap="viridis", shading="auto")
+            if predictors and title in predictors:
+                _, cls = confidence_grid(predictors[title], extent, grid)
+                ax.contour(g, g, cls, levels=np.arange(data.num_classes - 1) + 0.5, colors="w")
+            ax.scatter(x[:, 0], x[:, 1], c=y, s=3, cmap="coolwarm", edgecolors="none")
+            ax.set_title(f"{title}, [-{extent:g}, {extent:g}]$^2$")
+            ax.set_xlim(-extent, extent)
+            ax.set_ylim(-extent, extent)
+            ax.set_aspect("equal")
+    fig.colorbar(im, ax=axes, label=r"$\max_y \hat p(y|x)$", shrink=0.8)
+    return fig, maps
+
+
+@torch.no_grad()
+def walk_rays(model, train_x, n_rays: int, scales: torch.Tensor, seed: int = 0):
+    """Points ``x_i + t u`` on ``n_rays`` rays from training points in random directions.
+
+    Returns ``(z, nearest, confidence)`` with shapes (R, T, D), (R, T), (R, T): the points, their
+    distance to the training set under the model's metric, and ``max_y p(y|z)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    flat = train_x.reshape(len(train_x), -1).to(torch.float64)
+    start = flat[torch.randint(len(flat), (n_rays,), generator=gen)]
+    u = torch.randn(n_rays, flat.shape[1], generator=gen, dtype=torch.float64)
+    u = u / model.metric.whiten(u).norm(dim=1, keepdim=True)  # unit length in the metric
+    z = start[:, None, :] + scales.to(torch.float64)[None, :, None] * u[:, None, :]
+    zf = z.reshape(-1, flat.shape[1])
+    nearest, _ = ccu.nearest_training_point(model.metric, zf, flat)
+    conf = model(zf.to(train_x.dtype).reshape(-1, *train_x.shape[1:])).exp().max(1).values
+    return z, nearest.reshape(n_rays, -1), conf.double().reshape(n_rays, -1)
+
+
+@torch.no_grad()
+def theorem1_check(model, z, train_x, eps_values, as_printed: bool = False):
+    """For each eps: how many points satisfy Theorem 1's condition and the worst confidence there.
+
+    Returns a list of dicts (eps, n_points, n_certified, max_confidence_certified, bound,
+    violations), where ``bound = (1 + eps)/M``.
+    """
+    flat = z.reshape(-1, z.shape[-1])
+    conf = model(flat.to(train_x.dtype).reshape(-1, *train_x.shape[1:])).exp().max(1).values
+    M = model.num_classes
+    rows = []
+    for eps in eps_values:
+        t = theorem1_terms(model, flat, train_x, eps, as_printed=as_printed)
+        ok = t.certified
+        worst = float(conf[ok].max()) if ok.any() else float("nan")
+        bound = (1 + eps) / M
+        rows.append(
+            dict(
+                eps=eps,
+                n_points=len(flat),
+                n_certified=int(ok.sum()),
+                max_confidence_certified=worst,
+                bound=bound,
+                violations=int((conf[ok].double() > bound + 1e-6).sum()),
+                median_distance=float(t.distance.median()),
+            )
+        )
+    return rows
+
+
+def plot_rays(nearest, conf, num_classes: int, markers: dict | None = None, ax=None):
+    """Confidence against distance to the training set, one line per ray."""
+    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    for r in range(nearest.shape[0]):
+        ax.plot(nearest[r].numpy(), conf[r].numpy(), color="tab:blue", alpha=0.3, lw=1)
+    ax.axhline(1 / num_classes, color="k", ls=":", label="1/M")
+    for label, (dist, level) in (markers or {}).items():
+        line = ax.axvline(dist, ls="--", lw=1, label=label)
+        ax.axhline(level, color=line.get_color(), ls="-.", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel(r"distance to the training set $\min_i d(z, x_i)$")
+    ax.set_ylabel(r"$\max_y \hat p(y|z)$")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_bound_curves(model, x0, radii, level: float = 1.1, ax=None):
+    """Corollary 1's bound as a function of R for each centre, with the level and the radii."""
+    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    M = model.num_classes
+    r_max = float(radii.max()) * 1.6 if float(radii.max()) > 0 else 1.0
+    grid = torch.linspace(0, r_max, 300, dtype=torch.float64)
+    curves = []
+    for i in range(len(x0)):
+        b = ccu.confidence_bound(model, x0[i : i + 1].expand(len(grid), *x0.shape[1:]), grid)
+        curves.append(b)
+        line = ax.plot(grid.numpy(), b.numpy(), lw=1.5)[0]
+        ax.axvline(float(radii[i]), color=line.get_color(), ls="--", lw=0.8)
+    ax.axhline(level / M, color="k", ls=":", label=f"{level:g}/M")
+    ax.set_xlabel("radius R (metric units)")
+    ax.set_ylabel("Corollary 1 bound on $\\max_y \\hat p(y|x)$")
+    ax.legend()
+    return ax, grid, torch.stack(curves)
+
+
+def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
+    """The bracket ``[lo, hi]`` of the bisection on ``log b(R)`` for one centre, step by step
+    (for the book's illustration; :func:`ccu.certified_radius` does the same batched)."""
+    M = model.num_classes
+    target = float(model.log_lam) + np.log(level - 1) - np.log(M - level)
+    log_b = lambda r: float(ccu.log_ratio_bound(model, x0, torch.tensor([r])))  # noqa: E731
+    lo, hi = 0.0, 1.0
+    while log_b(hi) <= target:
+        lo, hi = hi, 2 * hi
+    rows = [(0, lo, hi)]
+    for k in range(1, iterations + 1):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if log_b(mid) > target else (mid, hi)
+        rows.append((k, lo, hi))
+    return rows

@@ -1,0 +1,65 @@
+"""Chapters through papermill with non-default parameters (nbval runs the defaults)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+papermill = pytest.importorskip("papermill")
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+CHAPTERS = sorted(p.stem for p in BOOK.glob("*.ipynb"))
+
+
+def _run(tmp_path, chapter, **params):
+    out = tmp_path / f"{chapter}.ipynb"
+    papermill.execute_notebook(
+        str(BOOK / f"{chapter}.ipynb"),
+        str(out),
+        parameters=params,
+        cwd=str(BOOK),
+        kernel_name="python3",
+        progress_bar=False,
+    )
+    return json.loads(out.read_text())
+
+
+def _glued(nb):
+    """Values glued by myst-nb in an executed notebook: {name: text/plain}."""
+    found = {}
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            meta = out.get("metadata", {}).get("scrapbook", {})
+            if meta.get("name"):
+                found[meta["name"]] = out["data"].get(meta["mime_prefix"] + "text/plain")
+    return found
+
+
+@pytest.mark.notebooks
+def test_every_chapter_has_a_parameters_cell():
+    assert set(CHAPTERS) >= {"two_moons", "theorem1", "corollary1"}
+    for chapter in CHAPTERS:
+        nb = json.loads((BOOK / f"{chapter}.ipynb").read_text())
+        tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(tagged) == 1, chapter
+        for name in ("dataset", "profile", "seed", "device"):
+            assert f"{name} = " in "".join(tagged[0]["source"]), (chapter, name)
+        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+
+
+@pytest.mark.notebooks
+def test_corollary1_with_another_seed_and_level(tmp_path):
+    nb = _run(tmp_path, "corollary1", seed=1, level=1.5)
+    glued = _glued(nb)
+    assert glued["cor_violations"] == "0"
+    assert float(glued["cor_level_over_m"]) == pytest.approx(0.15)
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize(
+    "params, message",
+    [({"dataset": "mnistt"}, "unknown dataset 'mnistt'"), ({"profile": "huge"}, "unknown profile")],
+)
+def test_bad_parameters_stop_with_a_clear_error(tmp_path, params, message):
+    with pytest.raises(papermill.PapermillExecutionError, match=message):
+        _run(tmp_path, "theorem1", **params)
