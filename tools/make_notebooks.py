@@ -417,8 +417,10 @@ inside = nearest <= radii
 glue("cor_balls_with_images", int(inside.sum()), display=False)
 glue("cor_min_margin", float((nearest / radii.clamp_min(1e-12)).min()), display=False)
 # an image inside a certified ball must itself have confidence <= level/M
-with torch.no_grad():
-    conf_inside = model(everything[idx[inside]]).exp().max(1).values
+conf_inside = torch.empty(0)
+if inside.any():
+    with torch.no_grad():
+        conf_inside = model(everything[idx[inside]]).exp().max(1).values
 worst_inside = float(conf_inside.max()) if inside.any() else float("nan")
 glue("cor_conf_inside", worst_inside, display=False)
 assert bool((conf_inside <= level / data.num_classes + 1e-6).all())
