@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ccu.density import _radius
+from ccu.density import _radius, whiten64
 from ccu.metric import squared_distances
 from ccu.model import CCU
 from ccu.validation import as_tensor, check_batch
@@ -36,9 +36,13 @@ def _centres(model: CCU, x0) -> torch.Tensor:
 
 
 def _log_b_functions(model: CCU, x0: torch.Tensor):
-    """Return ``log_b(R)``: log of Corollary 1's ``b`` as a function of the radii (N,)."""
-    upper = model.density_in.ball_bounds(x0).upper
-    lower = model.density_out.ball_bounds(x0).lower
+    """Return ``log_b(R)``: log of Corollary 1's ``b`` as a function of the radii (N,).
+
+    The centres are whitened once (float64) for both densities: that product is the whole cost.
+    """
+    w0 = whiten64(model.metric, x0, model.dim)
+    upper = model.density_in.ball_bounds_whitened(w0).upper
+    lower = model.density_out.ball_bounds_whitened(w0).lower
     return lambda r: upper(r) - lower(r)
 
 
@@ -93,16 +97,13 @@ def certified_radius(
 
     lo = torch.zeros(n, dtype=torch.float64)
     ok = log_b(lo) <= target
-    radius = torch.zeros(n, dtype=torch.float64)
     if not bool(ok.any()):
-        return radius
-    idx = ok.nonzero().squeeze(1)
-    lo = lo[idx]
+        return lo
     # Bracket: double the upper end until b(hi) > target (b -> infinity as R -> infinity).
-    hi = torch.ones_like(lo)
-    log_b_sub = _log_b_functions(model, x0[idx])
+    # Centres with b(0) above the target keep lo = hi = 0 throughout.
+    hi = torch.where(ok, 1.0, 0.0).to(torch.float64)
     for _ in range(1100):
-        above = log_b_sub(hi) > target
+        above = (log_b(hi) > target) | ~ok
         if bool(above.all()):
             break
         lo = torch.where(above, lo, hi)
@@ -111,13 +112,12 @@ def certified_radius(
         raise RuntimeError("certified_radius: could not bracket the radius.")
     for _ in range(max_iter):
         mid = 0.5 * (lo + hi)
-        above = log_b_sub(mid) > target
+        above = log_b(mid) > target
         lo = torch.where(above, lo, mid)
         hi = torch.where(above, mid, hi)
         if bool(((hi - lo) <= rtol * hi).all()):
             break
-    radius[idx] = lo
-    return radius
+    return lo
 
 
 @dataclass
@@ -174,8 +174,9 @@ def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False)
     gin, gout = model._gmms()
     z = _centres(model, z)
     M = model.num_classes
-    d_in = gin.whitened_distances(z)  # (N, K_i)
-    d_out = gout.whitened_distances(z)  # (N, K_o)
+    wz = whiten64(model.metric, z, model.dim)
+    d_in = gin.whitened_distances(wz, whitened=True)  # (N, K_i)
+    d_out = gout.whitened_distances(wz, whitened=True)  # (N, K_o)
     with torch.no_grad():
         log_var_in = gin.log_variances.double()
         log_var_out = gout.log_variances.double()

@@ -61,7 +61,12 @@ class DensityModel(nn.Module):
     def log_prob_whitened(self, w: torch.Tensor) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
-    def ball_bounds(self, x0: torch.Tensor) -> BallBounds:  # pragma: no cover - interface
+    def ball_bounds(self, x0: torch.Tensor) -> BallBounds:
+        """Bounds over balls around the centres ``x0`` (N, ...), as functions of the radius."""
+        return self.ball_bounds_whitened(whiten64(self.metric, x0, self.dim))
+
+    def ball_bounds_whitened(self, w0: torch.Tensor) -> BallBounds:  # pragma: no cover
+        """Same as :meth:`ball_bounds` for centres already whitened in float64 (N, D)."""
         raise NotImplementedError
 
     def log_prob_bounds(self, x0, radius) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +74,13 @@ class DensityModel(nn.Module):
         bounds = self.ball_bounds(x0)
         radius = _radius(radius, bounds.n)
         return bounds.lower(radius), bounds.upper(radius)
+
+
+def whiten64(metric: Mahalanobis, x0, dim: int) -> torch.Tensor:
+    """Centres (N, ...) checked, flattened and whitened in float64 (what the bounds use)."""
+    x0 = check_batch(as_tensor(x0, "x0"), dim, "x0")
+    W = metric.whitening.double()
+    return x0.to(dtype=torch.float64, device=W.device) @ W
 
 
 def _radius(radius, n: int) -> torch.Tensor:
@@ -216,16 +228,15 @@ class GaussianMixture(DensityModel):
         return comp - torch.logsumexp(comp, dim=1, keepdim=True)
 
     # ------------------------------------------------------------------ certificates
-    def whitened_distances(self, x0: torch.Tensor) -> torch.Tensor:
-        """float64 distances ``d(x0_n, mu_k)`` (N, K) from the model's own parameters."""
-        x0 = check_batch(as_tensor(x0, "x0"), self.dim, "x0").to(
-            dtype=torch.float64, device=self.whitened_means.device
-        )
-        w0 = x0 @ self.metric.whitening.double()
+    def whitened_distances(self, x0: torch.Tensor, whitened: bool = False) -> torch.Tensor:
+        """float64 distances ``d(x0_n, mu_k)`` (N, K) from the model's own parameters.
+
+        ``whitened=True``: ``x0`` is already whitened in float64 (N, D)."""
+        w0 = x0 if whitened else whiten64(self.metric, x0, self.dim)
         return squared_distances(w0, self.whitened_means.detach().double()).sqrt()
 
-    def ball_bounds(self, x0) -> BallBounds:
-        dist = self.whitened_distances(x0)
+    def ball_bounds_whitened(self, w0: torch.Tensor) -> BallBounds:
+        dist = self.whitened_distances(w0, whitened=True)
         with torch.no_grad():
             log_alpha = self.log_alpha().double()
             log_var = self.log_variances.detach().double()

@@ -121,9 +121,13 @@ fig, maps = plots.plot_confidence_maps(
 plt.show()
 """),
     code("""
+import numpy as np
+
 far = 30.0
-base_far = float(maps[("Base (ReLU network)", far)].min())
-ccu_far = float(maps[("CCU", far)].max())
+axis = np.linspace(-far, far, prof.grid)
+ring = np.maximum(*np.abs(np.meshgrid(axis, axis)))[None] >= 10.0  # at least 10 units out
+base_far = float(maps[("Base (ReLU network)", far)][ring[0]].min())
+ccu_far = float(maps[("CCU", far)][ring[0]].max())
 corner = torch.tensor([[1e3, 1e3]])
 glue("moons_base_far_min", base_far, display=False)
 glue("moons_ccu_far_max", ccu_far, display=False)
@@ -131,9 +135,10 @@ glue("moons_base_corner", float(plots.softmax_confidence(base)(corner)), display
 glue("moons_ccu_corner", float(plots.ccu_confidence(model)(corner)), display=False)
 """),
     md("""
-On the square $[-30, 30]^2$ the ReLU network's confidence never drops below
-{glue:text}`moons_base_far_min:.3f` in the corners of the map, whereas CCU's largest confidence in the
-whole far view is {glue:text}`moons_ccu_far_max:.3f`. At $x = (1000, 1000)$ Base says
+The data lie within two units of the origin. Everywhere in the far view at least 10 units out
+(in the max-norm), the ReLU network's confidence never drops below
+{glue:text}`moons_base_far_min:.3f` (only right on its decision boundary does it come close to 0.5),
+whereas CCU's largest confidence there is {glue:text}`moons_ccu_far_max:.4f`. At $x = (1000, 1000)$ Base says
 {glue:text}`moons_base_corner:.4f`, CCU {glue:text}`moons_ccu_corner:.4f` (the uniform value is 0.5).
 The next chapter turns this picture into a theorem.
 
