@@ -40,7 +40,13 @@ def test_log_space_is_stable_in_3072_dimensions():
     gout = ccu.GaussianMixture(means, torch.full((k,), 0.0), logw, metric)
     model = ccu.CCU(ccu.MLP(d, 10, hidden=8), gin, gout, 10)
     direction = torch.randn(4, d, generator=gen)
-    x = means[:4] + 1e3 * direction / direction.norm(dim=1, keepdim=True)
+    near = means.mean(0) + 1e3 * direction / direction.norm(dim=1, keepdim=True)
+    dist = torch.cdist(near.double(), means.double())
+    assert bool(((dist - 1e3).abs() < 1.0).all())  # 1e3 units from every centre
+    out = model(near)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.exp().sum(1), torch.ones(4), rtol=1e-4, atol=1e-4)
+    x = near
     x = x + 1e3  # far from every centre: d(x, mu)^2 ~ 3e9, log-densities ~ -1e10
     log_py = model(x)
     assert torch.isfinite(log_py).all()
