@@ -1,8 +1,15 @@
 """The dataset registry: one name -> data, classes, shape, OOD sets and training out-distribution.
 
-Chapters take a ``dataset`` parameter that goes straight into :func:`load_dataset`. The offline
-datasets here need no download: ``moons`` (scikit-learn's two moons, the paper's Figure 1) and
-``digits`` (scikit-learn's 8x8 handwritten digits, real data shipped with scikit-learn).
+Chapters take a ``dataset`` parameter that goes straight into :func:`load_dataset`.
+
+* Offline, no files needed: ``moons`` (scikit-learn's two moons, Figure 1), ``digits``
+  (scikit-learn's real 8x8 handwritten digits).
+* Offline from the mirrors (see ``data/README.md``): ``mnist-offline`` (the real MNIST test set
+  split 8,000 / 2,000), ``cifar10-offline`` (10,000 train / 10,000 test).
+* Downloaded with torchvision into the data root: ``mnist``, ``fmnist``, ``svhn``, ``cifar10``,
+  ``cifar100``.
+
+OOD test sets come from :func:`load_ood`.
 """
 
 from __future__ import annotations
@@ -14,6 +21,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ccu.data.ood import grey_resized, natural_image_patches, noise_set, uniform_noise
+from ccu.data.sources import (
+    CorruptDataError,
+    DataNotFoundError,
+    cifar10_mirror,
+    data_root,
+    mnist_test_mirror,
+    torchvision_arrays,
+)
+
 
 @dataclass(frozen=True)
 class DatasetSpec:
@@ -23,7 +40,7 @@ class DatasetSpec:
     num_classes: int
     shape: tuple[int, ...]  # one sample, without the batch dimension
     description: str
-    loader: Callable[[int], dict]
+    loader: Callable[[int, object], dict]
     value_range: tuple[float, float] | None = (0.0, 1.0)  # None: unbounded (toy data)
     ood_sets: tuple[str, ...] = ()
 
@@ -79,13 +96,7 @@ class Dataset:
         )
 
 
-def uniform_noise(n: int, shape: tuple[int, ...], seed: int, low=0.0, high=1.0) -> torch.Tensor:
-    """``n`` samples of uniform noise on ``[low, high]^shape`` (seeded)."""
-    gen = torch.Generator().manual_seed(seed)
-    return low + (high - low) * torch.rand(n, *shape, generator=gen)
-
-
-def _moons(seed: int) -> dict:
+def _moons(seed: int, root=None) -> dict:
     from sklearn.datasets import make_moons
 
     x, y = make_moons(n_samples=1200, noise=0.1, random_state=seed)
@@ -103,31 +114,7 @@ def _moons(seed: int) -> dict:
     )
 
 
-def natural_image_patches(n: int, size: int, seed: int) -> torch.Tensor:
-    """Grey-scale patches of scikit-learn's two sample photographs, resized to ``size``.
-
-    Random crops of 4x to 8x the target side, area-averaged down to ``size x size``, values in
-    [0, 1]: a small real-image out-distribution for the ``digits`` task, available offline.
-    """
-    from sklearn.datasets import load_sample_images
-
-    images = [
-        torch.from_numpy(im.astype(np.float32).mean(axis=2) / 255.0)
-        for im in load_sample_images().images
-    ]
-    gen = torch.Generator().manual_seed(seed)
-    out = torch.empty(n, size, size)
-    for i in range(n):
-        im = images[int(torch.randint(len(images), (1,), generator=gen))]
-        crop = size * int(torch.randint(4, 9, (1,), generator=gen))
-        top = int(torch.randint(im.shape[0] - crop + 1, (1,), generator=gen))
-        left = int(torch.randint(im.shape[1] - crop + 1, (1,), generator=gen))
-        patch = im[top : top + crop, left : left + crop]
-        out[i] = torch.nn.functional.adaptive_avg_pool2d(patch[None, None], size)[0, 0]
-    return out
-
-
-def _digits(seed: int) -> dict:
+def _digits(seed: int, root=None) -> dict:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -135,7 +122,7 @@ def _digits(seed: int) -> dict:
     x = (bunch.images / 16.0).astype(np.float32)[:, None]  # (1797, 1, 8, 8) in [0, 1]
     y = bunch.target.astype(np.int64)
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=397, stratify=y, random_state=seed)
-    patches = natural_image_patches(1400, 8, seed)[:, None]
+    patches = natural_image_patches(1400, 8, seed)
     noise = uniform_noise(600, (1, 8, 8), seed + 1)
     out = torch.cat([patches, noise])
     out = out[torch.randperm(len(out), generator=torch.Generator().manual_seed(seed))]
@@ -145,6 +132,67 @@ def _digits(seed: int) -> dict:
         out=out,
         out_description="1,400 grey 8x8 patches of scikit-learn's sample photos + 600 uniform",
     )
+
+
+def _hwc_to_chw(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
+
+
+def _mnist_offline(seed: int, root=None) -> dict:
+    from sklearn.model_selection import train_test_split
+
+    images, labels = mnist_test_mirror(root)
+    x = images.numpy().astype(np.float32)[:, None] / 255.0
+    y = labels.numpy()
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=2000, stratify=y, random_state=seed)
+    cifar, _ = cifar10_mirror("train_10k", root)
+    out = grey_resized(_hwc_to_chw(cifar), 28)
+    return dict(
+        train=(xtr, ytr),
+        test=(xte, yte),
+        out=out,
+        out_description="CIFAR-10 train_10k mirror, grey-scaled and resized to 28x28 (proxy "
+        "for 80M Tiny Images; GrCIFAR10 uses the disjoint CIFAR-10 test mirror)",
+    )
+
+
+def _cifar10_offline(seed: int, root=None) -> dict:
+    xtr, ytr = cifar10_mirror("train_10k", root)
+    xte, yte = cifar10_mirror("test", root)
+    out = torch.cat(
+        [
+            natural_image_patches(8000, 32, seed, channels=3),
+            uniform_noise(2000, (3, 32, 32), seed + 1),
+        ]
+    )
+    out = out[torch.randperm(len(out), generator=torch.Generator().manual_seed(seed))]
+    return dict(
+        train=(_hwc_to_chw(xtr), ytr),
+        test=(_hwc_to_chw(xte), yte),
+        out=out,
+        out_description="8,000 colour 32x32 patches of scikit-learn's sample photos + 2,000 uniform",
+    )
+
+
+def _torchvision(name: str, out_kind: str):
+    def load(seed: int, root=None) -> dict:
+        xtr, ytr = torchvision_arrays(name, "train", root)
+        xte, yte = torchvision_arrays(name, "test", root)
+        if out_kind == "grey-cifar10":
+            cx, _ = torchvision_arrays("cifar10", "train", root)
+            out = grey_resized(torch.from_numpy(cx), 28)
+            desc = "CIFAR-10 train, grey-scaled and resized to 28x28 (proxy for Tiny Images)"
+        else:
+            out = torch.cat(
+                [
+                    natural_image_patches(20000, 32, seed, channels=3),
+                    uniform_noise(5000, (3, 32, 32), seed + 1),
+                ]
+            )
+            desc = "20,000 colour patches of scikit-learn's sample photos + 5,000 uniform"
+        return dict(train=(xtr, ytr), test=(xte, yte), out=out, out_description=desc)
+
+    return load
 
 
 REGISTRY: dict[str, DatasetSpec] = {
@@ -162,9 +210,80 @@ REGISTRY: dict[str, DatasetSpec] = {
         (1, 8, 8),
         "scikit-learn's 8x8 handwritten digits scaled to [0, 1]: 1,400 train / 397 test, stratified",
         _digits,
-        ood_sets=("uniform",),
+        ood_sets=("uniform", "noise"),
+    ),
+    "mnist-offline": DatasetSpec(
+        "mnist-offline",
+        10,
+        (1, 28, 28),
+        "real MNIST test images (offline mirror) split 8,000 train / 2,000 test, stratified",
+        _mnist_offline,
+        ood_sets=("grcifar10", "noise", "uniform"),
+    ),
+    "cifar10-offline": DatasetSpec(
+        "cifar10-offline",
+        10,
+        (3, 32, 32),
+        "CIFAR-10 offline mirror: 10,000 train (1,000 per class) / 10,000 test",
+        _cifar10_offline,
+        ood_sets=("noise", "uniform"),
+    ),
+    "mnist": DatasetSpec(
+        "mnist",
+        10,
+        (1, 28, 28),
+        "MNIST (torchvision download)",
+        _torchvision("mnist", "grey-cifar10"),
+        ood_sets=("fmnist", "emnist", "grcifar10", "noise", "uniform"),
+    ),
+    "fmnist": DatasetSpec(
+        "fmnist",
+        10,
+        (1, 28, 28),
+        "FashionMNIST (torchvision download)",
+        _torchvision("fmnist", "grey-cifar10"),
+        ood_sets=("mnist", "emnist", "grcifar10", "noise", "uniform"),
+    ),
+    "svhn": DatasetSpec(
+        "svhn",
+        10,
+        (3, 32, 32),
+        "SVHN (torchvision download)",
+        _torchvision("svhn", "patches"),
+        ood_sets=("cifar10", "cifar100", "lsun_cr", "imagenet-", "noise", "uniform"),
+    ),
+    "cifar10": DatasetSpec(
+        "cifar10",
+        10,
+        (3, 32, 32),
+        "CIFAR-10 (torchvision download)",
+        _torchvision("cifar10", "patches"),
+        ood_sets=("svhn", "cifar100", "lsun_cr", "imagenet-", "noise", "uniform"),
+    ),
+    "cifar100": DatasetSpec(
+        "cifar100",
+        100,
+        (3, 32, 32),
+        "CIFAR-100 (torchvision download)",
+        _torchvision("cifar100", "patches"),
+        ood_sets=("svhn", "cifar10", "lsun_cr", "imagenet-", "noise", "uniform"),
     ),
 }
+
+OOD_NAMES = (
+    "uniform",
+    "noise",
+    "grcifar10",
+    "mnist",
+    "fmnist",
+    "emnist",
+    "svhn",
+    "cifar10",
+    "cifar100",
+    "lsun_cr",
+    "imagenet-",
+)
+IMAGE_FOLDER_SETS = {"lsun_cr": "LSUN_CR", "imagenet-": "Imagenet-"}
 
 
 def dataset_names() -> list[str]:
@@ -178,10 +297,13 @@ def get_spec(name: str) -> DatasetSpec:
     return REGISTRY[name]
 
 
-def load_dataset(name: str, seed: int = 0) -> Dataset:
-    """Load ``name`` from the registry (seeded split and out-distribution)."""
+def load_dataset(name: str, seed: int = 0, root=None) -> Dataset:
+    """Load ``name`` from the registry (seeded split and out-distribution).
+
+    ``root`` is the data root for downloads and mirrors (default: ``CCU_DATA_ROOT`` or ``data/``).
+    """
     spec = get_spec(name)
-    parts = spec.loader(seed)
+    parts = spec.loader(seed, root)
     (xtr, ytr), (xte, yte) = parts["train"], parts["test"]
 
     def t(a, dtype):
@@ -197,3 +319,83 @@ def load_dataset(name: str, seed: int = 0) -> Dataset:
         parts["out_description"],
         seed,
     )
+
+
+def _image_folder(name: str, shape: tuple[int, ...], root=None) -> torch.Tensor:
+    from torchvision import datasets
+    from torchvision.transforms import v2 as T
+
+    folder = data_root(root) / IMAGE_FOLDER_SETS[name]
+    if not folder.is_dir():
+        raise DataNotFoundError(
+            f"OOD set {name!r} is read from an image folder that is not there: {folder}. Put the "
+            f"images in {folder}/<any class name>/*.jpg (torchvision ImageFolder layout), e.g. the "
+            "LSUN classroom images or 10,000 ImageNet validation images of classes disjoint from "
+            "CIFAR-10/100."
+        )
+    tf = T.Compose(
+        [
+            T.ToImage(),
+            T.ToDtype(torch.float32, scale=True),
+            T.Resize(list(shape[1:]), antialias=True),
+            T.CenterCrop(list(shape[1:])),
+        ]
+    )
+    ds = datasets.ImageFolder(str(folder), transform=tf)
+    x = torch.stack([ds[i][0] for i in range(len(ds))])
+    if shape[0] == 1:
+        x = grey_resized(x, shape[1])
+    return x
+
+
+def load_ood(name: str, data: Dataset, seed: int = 0, n: int | None = None, root=None):
+    """The OOD test set ``name`` for the in-distribution ``data`` (float32 images in [0, 1]).
+
+    ``uniform`` and ``noise`` are generated from ``data``'s shape and test images (seeded; as many
+    as the test set, or ``n``). ``grcifar10`` is CIFAR-10 test grey-scaled to 28x28 (from the
+    mirror, else torchvision). Dataset names load the other dataset's test split; ``lsun_cr`` and
+    ``imagenet-`` read a user-provided image folder.
+    """
+    if name not in OOD_NAMES:
+        raise ValueError(f"unknown OOD set {name!r}; known: {', '.join(OOD_NAMES)}.")
+    count = len(data.test_x) if n is None else n
+    if name == "uniform":
+        return uniform_noise(count, data.spec.shape, seed)
+    if name == "noise":
+        if data.test_x.ndim != 4:
+            raise ValueError(f"the Noise set needs image data; {data.name!r} is not.")
+        return noise_set(data.test_x[:count], seed)
+    if name == "grcifar10":
+        try:
+            x = _hwc_to_chw(cifar10_mirror("test", root)[0])
+        except DataNotFoundError:
+            x = torch.from_numpy(torchvision_arrays("cifar10", "test", root)[0])
+        return grey_resized(x, data.spec.shape[-1])[:count]
+    if name in IMAGE_FOLDER_SETS:
+        return _image_folder(name, data.spec.shape, root)[:count]
+    x = torch.from_numpy(torchvision_arrays(name, "test", root)[0])
+    if x.shape[1:] != data.spec.shape:
+        raise ValueError(
+            f"OOD set {name!r} has shape {tuple(x.shape[1:])}, "
+            f"the in-distribution {data.spec.shape}."
+        )
+    return x[:count]
+
+
+__all__ = [
+    "REGISTRY",
+    "OOD_NAMES",
+    "CorruptDataError",
+    "DataNotFoundError",
+    "Dataset",
+    "DatasetSpec",
+    "data_root",
+    "dataset_names",
+    "get_spec",
+    "grey_resized",
+    "load_dataset",
+    "load_ood",
+    "natural_image_patches",
+    "noise_set",
+    "uniform_noise",
+]

@@ -1,0 +1,124 @@
+"""The data layer: offline mirrors, torchvision code path, OOD sets, integrity and errors."""
+
+import gzip
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import ccu.data as D
+from ccu.data import sources
+
+SHARED = sources.REPO_ROOT.parent / "shared" / "data"
+needs_mirror = pytest.mark.skipif(
+    not (SHARED / "mnist").is_dir(),
+    reason=f"offline mirror not found at {SHARED} (CI has it; see data/README.md)",
+)
+
+
+@needs_mirror
+@pytest.mark.parametrize(
+    "name, n_train, n_test, shape",
+    [("mnist-offline", 8000, 2000, (1, 28, 28)), ("cifar10-offline", 10000, 10000, (3, 32, 32))],
+)
+def test_offline_mirrors_load(name, n_train, n_test, shape):
+    a = D.load_dataset(name, seed=0)
+    assert a.train_x.shape == (n_train, *shape) and a.test_x.shape == (n_test, *shape)
+    assert a.out_x.shape[1:] == shape
+    for t in (a.train_x, a.test_x, a.out_x):
+        assert float(t.min()) >= 0.0 and float(t.max()) <= 1.0
+    counts = torch.bincount(a.train_y, minlength=10)
+    assert len(counts) == 10 and int(counts.min()) > 0.08 * n_train  # stratified
+    assert D.load_dataset(name, seed=0).checksum() == a.checksum()
+    for ood in a.spec.ood_sets:
+        x = D.load_ood(ood, a, seed=1, n=300)
+        assert x.shape[1:] == shape and x.dtype == torch.float32
+        assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+        assert torch.equal(x, D.load_ood(ood, a, seed=1, n=300))
+
+
+@needs_mirror
+def test_mnist_offline_split_is_seeded_and_disjoint():
+    a, b = D.load_dataset("mnist-offline", seed=0), D.load_dataset("mnist-offline", seed=1)
+    assert a.checksum() != b.checksum()
+    train = {bytes(x.numpy().tobytes()) for x in a.train_x[:500]}
+    assert not train & {bytes(x.numpy().tobytes()) for x in a.test_x}
+
+
+@needs_mirror
+def test_torchvision_mnist_reader_offline(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for prefix in ("train", "t10k"):
+        for kind, src in (("images-idx3", "t10k-images-idx3"), ("labels-idx1", "t10k-labels-idx1")):
+            data = gzip.decompress((SHARED / "mnist" / f"{src}-ubyte.gz").read_bytes())
+            (raw / f"{prefix}-{kind}-ubyte").write_bytes(data)
+    x, y = sources.torchvision_arrays("mnist", "test", root=tmp_path, download=False)
+    images, labels = sources.mnist_test_mirror()
+    assert x.shape == (10000, 1, 28, 28)
+    np.testing.assert_array_equal(x[:, 0], images.numpy() / np.float32(255.0))
+    np.testing.assert_array_equal(y, labels.numpy())
+
+
+def test_missing_torchvision_data_says_what_to_do(tmp_path):
+    with pytest.raises(D.DataNotFoundError, match="Expected files") as err:
+        sources.torchvision_arrays("fmnist", "train", root=tmp_path, download=False)
+    assert str(tmp_path) in str(err.value)
+
+
+def test_missing_mirror_lists_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.delenv("CCU_OFFLINE_DATA", raising=False)
+    with pytest.raises(D.DataNotFoundError, match="Looked in") as err:
+        D.load_dataset("mnist-offline", root=tmp_path / "empty")
+    assert str(tmp_path / "empty") in str(err.value)
+
+
+@needs_mirror
+def test_corrupt_or_truncated_mirror_is_refused(tmp_path):
+    (tmp_path / "cifar10").mkdir()
+    src = SHARED / "cifar10" / "test.npz"
+    dst = tmp_path / "cifar10" / "test.npz"
+    dst.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    with pytest.raises(D.CorruptDataError, match="corrupt or truncated"):
+        sources.cifar10_mirror("test", root=tmp_path)
+    shutil.copy(src, dst)
+    assert sources.cifar10_mirror("test", root=tmp_path)[0].shape == (10000, 32, 32, 3)
+
+
+def test_bad_names_and_roots(tmp_path):
+    with pytest.raises(ValueError, match="known datasets"):
+        D.load_dataset("svhm")
+    with pytest.raises(ValueError, match="unknown OOD set"):
+        D.load_ood("lsun", D.load_dataset("moons"))
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        sources.data_root(not_a_dir)
+    with pytest.raises(D.DataNotFoundError, match="ImageFolder"):
+        D.load_ood("lsun_cr", D.load_dataset("digits"), root=tmp_path)
+
+
+def test_noise_set_properties():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(20, 3, 16, 16, generator=gen)
+    noise, shuffled, sigmas = D.noise_set(x, seed=3, return_details=True)
+    for i in range(len(x)):  # permutation: same pixel histogram as the source image
+        torch.testing.assert_close(
+            shuffled[i].flatten().sort().values, x[i].flatten().sort().values
+        )
+        assert float(noise[i].min()) == 0.0 and float(noise[i].max()) == pytest.approx(1.0)
+    lo, hi = D.ood.NOISE_SIGMA_RANGE
+    assert bool(((sigmas >= lo) & (sigmas <= hi)).all())
+    assert torch.equal(noise, D.noise_set(x, seed=3))
+    assert not torch.equal(noise, D.noise_set(x, seed=4))
+    with pytest.raises(ValueError, match="images"):
+        D.noise_set(torch.rand(3, 4), seed=0)
+
+
+def test_uniform_and_grey_resized():
+    u = D.uniform_noise(5, (1, 28, 28), seed=2)
+    assert torch.equal(u, D.uniform_noise(5, (1, 28, 28), seed=2))
+    g = D.grey_resized(torch.rand(4, 3, 32, 32), 28)
+    assert g.shape == (4, 1, 28, 28) and float(g.min()) >= 0 and float(g.max()) <= 1
