@@ -22,7 +22,9 @@ def test_offline_datasets_load_deterministically(name):
 
 
 def test_unknown_dataset_lists_known_ones():
-    with pytest.raises(ValueError, match="known datasets: cifar10, cifar10-offline, cifar100, digits"):
+    with pytest.raises(
+        ValueError, match="known datasets: cifar10, cifar10-offline, cifar100, digits"
+    ):
         load_dataset("mnistt")
 
 
