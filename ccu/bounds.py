@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ccu.density import _radius, whiten64
+from ccu.density import GaussianMixture, _radius, whiten64
 from ccu.metric import squared_distances
 from ccu.model import CCU
 from ccu.validation import as_tensor, check_batch
@@ -26,7 +26,13 @@ from ccu.validation import as_tensor, check_batch
 def _check_model(model: CCU, check_constraint: bool) -> None:
     if not isinstance(model, CCU):
         raise TypeError(f"model must be a ccu.CCU; got {type(model).__name__}.")
-    if check_constraint:
+    # The constraint is stated for Gaussian mixtures (sigma_k, theta_l); other density models
+    # only need their own ball bounds for Corollary 1.
+    if (
+        check_constraint
+        and isinstance(model.density_in, GaussianMixture)
+        and isinstance(model.density_out, GaussianMixture)
+    ):
         model.check_constraint()
 
 

@@ -171,3 +171,49 @@ def test_bound_errors():
             call()
     with pytest.raises(TypeError, match="ccu.CCU"):
         ccu.confidence_bound(nn.Linear(3, 2), x0, 1.0)
+
+
+class _IsotropicGaussian(ccu.DensityModel):
+    """A custom density: N(0, s^2 I) with hand-written ball bounds (the protocol in action)."""
+
+    def __init__(self, dim, log_var):
+        super().__init__()
+        self.metric = ccu.Mahalanobis.identity(dim)
+        self.log_var = log_var
+
+    def log_prob_whitened(self, w):
+        d = w.shape[1]
+        return -0.5 * d * (math.log(2 * math.pi) + self.log_var) - 0.5 * w.square().sum(
+            1
+        ) / math.exp(self.log_var)
+
+    def ball_bounds_whitened(self, w0):
+        dist = w0.norm(dim=1)
+        outer = self
+
+        class _B(ccu.BallBounds):
+            n = len(dist)
+
+            def upper(self, r):
+                return outer.log_prob_whitened(torch.zeros(1, w0.shape[1], dtype=torch.float64)) - (
+                    (dist - r).clamp_min(0).square() / (2 * math.exp(outer.log_var))
+                )
+
+            def lower(self, r):
+                return outer.log_prob_whitened(torch.zeros(1, w0.shape[1], dtype=torch.float64)) - (
+                    (dist + r).square() / (2 * math.exp(outer.log_var))
+                )
+
+        return _B()
+
+
+def test_a_custom_density_model_is_certified():
+    model = ccu.CCU(
+        SaturatedClassifier(3), _IsotropicGaussian(2, 0.0), _IsotropicGaussian(2, 2.0), 3
+    )
+    model = model.double()
+    x0 = torch.tensor([[5.0, 5.0], [8.0, -3.0]], dtype=torch.float64)
+    r = ccu.certified_radius(model, x0)
+    assert bool((r > 0).all())
+    res = ccu.ball_attack(ccu.confidence_score(model), x0, r, model.metric, steps=60, box=None)
+    assert bool((res.score.exp() <= 1.1 / 3 + TOL).all())
