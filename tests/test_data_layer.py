@@ -122,3 +122,34 @@ def test_uniform_and_grey_resized():
     assert torch.equal(u, D.uniform_noise(5, (1, 28, 28), seed=2))
     g = D.grey_resized(torch.rand(4, 3, 32, 32), 28)
     assert g.shape == (4, 1, 28, 28) and float(g.min()) >= 0 and float(g.max()) <= 1
+
+
+def _is_shift(aug, src, pad):
+    """aug equals src shifted by at most ``pad`` pixels (zero fill), or mirrored."""
+    for flip in (False, True):
+        s = src.flip(-1) if flip else src
+        padded = torch.nn.functional.pad(s, (pad, pad, pad, pad))
+        h, w = src.shape[-2:]
+        for dy in range(2 * pad + 1):
+            for dx in range(2 * pad + 1):
+                if torch.equal(padded[..., dy : dy + h, dx : dx + w], aug):
+                    return True
+    return False
+
+
+def test_augmentation_is_a_padded_crop_and_seeded():
+    from ccu.data.augment import augment, augmented_sample
+
+    x = torch.rand(6, 1, 28, 28)
+    a = augment(x, "mnist-offline", seed=0)
+    assert torch.equal(a, augment(x, "mnist-offline", seed=0))
+    assert all(_is_shift(a[i], x[i], 2) for i in range(6))
+    assert not torch.equal(a, x)
+    s = augmented_sample(x, 15, "mnist-offline", seed=1)
+    assert s.shape == (15, 1, 28, 28)
+    c = torch.rand(3, 3, 32, 32)
+    ac = augment(c, "cifar10-offline", seed=0)
+    assert ac.shape == c.shape and float(ac.min()) >= 0 and float(ac.max()) <= 1
+    assert torch.equal(
+        augment(torch.rand(4, 2), "moons", 0).shape and torch.zeros(1), torch.zeros(1)
+    )
