@@ -47,6 +47,13 @@ def _feasible(x, x0, radius, metric, box):
     return x0 + delta * scale[:, None]
 
 
+def _uniform_in_unit_ball(n: int, d: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` points uniform in the d-dimensional unit ball (float64): direction x radius^(1/d)."""
+    u = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    u = u / u.norm(dim=1, keepdim=True)
+    return u * torch.rand(n, 1, generator=gen, dtype=torch.float64).pow(1.0 / d)
+
+
 def ball_attack(
     score_fn: Callable[[torch.Tensor], torch.Tensor],
     x0,
@@ -88,10 +95,7 @@ def ball_attack(
     seeds = flat0.repeat_interleave(R, 0)  # (N*R, D), restarts of a seed are adjacent
     rad = radius.repeat_interleave(R, 0)
     d = metric.dim
-    u = torch.randn(n * R, d, generator=gen, dtype=torch.float64)
-    u = u / u.norm(dim=1, keepdim=True)
-    r = torch.rand(n * R, 1, generator=gen, dtype=torch.float64).pow(1.0 / d)
-    w = (u * r).to(seeds.dtype) * rad[:, None]
+    w = _uniform_in_unit_ball(n * R, d, gen).to(seeds.dtype) * rad[:, None]
     if include_seed:
         w.view(n, R, d)[:, 0] = 0.0
     x = _feasible(seeds + metric.unwhiten(w), seeds, rad, metric, box)
@@ -146,11 +150,8 @@ def sample_in_ball(x0, radius, metric: Mahalanobis, n: int, seed: int = 0, box=N
     radius = torch.as_tensor(radius, dtype=x0.dtype).expand(x0.shape[0])
     gen = torch.Generator().manual_seed(seed)
     N, d = x0.shape
-    u = torch.randn(N, n, d, generator=gen, dtype=torch.float64)
-    u = u / u.norm(dim=2, keepdim=True)
-    r = torch.rand(N, n, 1, generator=gen, dtype=torch.float64).pow(1.0 / d)
-    w = (u * r).to(x0.dtype) * radius[:, None, None]
     seeds = x0.repeat_interleave(n, 0)
     rad = radius.repeat_interleave(n, 0)
-    x = seeds + metric.unwhiten(w.reshape(N * n, d))
+    w = _uniform_in_unit_ball(N * n, d, gen).to(x0.dtype) * rad[:, None]
+    x = seeds + metric.unwhiten(w)
     return _feasible(x, seeds, rad, metric, box).reshape(N, n, d)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ccu.model import CCU
 
@@ -59,7 +58,3 @@ def ccu_loss(model: CCU, x_in: torch.Tensor, y_in: torch.Tensor, x_out: torch.Te
 def uniform_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Cross-entropy to the uniform distribution over classes, averaged over the batch."""
     return -torch.log_softmax(logits, dim=1).mean()
-
-
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -168,9 +167,3 @@ def log_normaliser(log_variances: torch.Tensor, dim: int, log_det: torch.Tensor)
     (see the book's Corollary 1 chapter). We use the normalised form.
     """
     return -0.5 * dim * (math.log(2 * math.pi) + log_variances) - 0.5 * log_det
-
-
-def covariance_numpy(x: np.ndarray) -> np.ndarray:
-    """Sample covariance of (N, D) data in float64 (used by tests and chapters)."""
-    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-    return np.cov(x, rowvar=False)
