@@ -11,7 +11,9 @@ get their own learning rate and no weight decay; learning rates x0.1 at the mile
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,7 @@ from tqdm.std import tqdm
 
 from ccu.config import TrainSettings
 from ccu.data import Dataset
+from ccu.data.loaders import PairedLoader
 from ccu.losses import ccu_loss
 from ccu.model import CCU
 
@@ -31,22 +34,6 @@ class History:
     loss: list[float] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)
     constraint_gap: list[float] = field(default_factory=list)
-
-
-def paired_batches(n_in: int, n_out: int, batch_size: int, gen: torch.Generator):
-    """Yield (in-indices, out-indices) of equal length covering every in-point once per epoch.
-
-    Out-indices run through a shuffled permutation of the out-set and start a new one when it
-    is used up, so no out-sample is skipped.
-    """
-    perm_in = torch.randperm(n_in, generator=gen)
-    pool = torch.empty(0, dtype=torch.long)
-    for start in range(0, n_in, batch_size):
-        idx_in = perm_in[start : start + batch_size]
-        while n_out and len(pool) < len(idx_in):
-            pool = torch.cat([pool, torch.randperm(n_out, generator=gen)])
-        idx_out, pool = pool[: len(idx_in)], pool[len(idx_in) :]
-        yield idx_in, idx_out
 
 
 class Trainer:
@@ -84,28 +71,36 @@ class Trainer:
             return torch.optim.SGD(groups, lr=s.lr, momentum=0.9)
         raise ValueError(f"unknown optimizer {s.optimizer!r}; choose 'adam' or 'sgd'.")
 
-    def fit(self, model: nn.Module, data: Dataset) -> History:
+    def fit(self, model: nn.Module, data: Dataset, checkpoint: str | Path | None = None) -> History:
+        """Train ``model`` on ``data``. With ``checkpoint``, the model, optimiser, data-order and
+        RNG states are saved after every epoch, and a run finding that file resumes from it:
+        a killed run ends with the same weights as an uninterrupted one (on the CPU)."""
         model.to(self.device).train()
         opt = self._optimizer(model)
         milestones = sorted({max(1, round(m * self.epochs)) for m in self.settings.milestones})
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=0.1)
-        gen = torch.Generator().manual_seed(self.seed)
         is_ccu = isinstance(model, CCU)
+        loader = PairedLoader(
+            data, self.settings.batch_size, self.seed, self.settings.augment, is_ccu, self.device
+        )
+        torch.manual_seed(self.seed)
         if is_ccu:
             model.enforce_constraint()
-        hist = History()
-        bar = tqdm(range(self.epochs), disable=not self.progress, desc=f"train {data.name}")
-        for _ in bar:
+        hist, start = History(), 0
+        if checkpoint is not None and Path(checkpoint).exists():
+            start, hist = self._resume(Path(checkpoint), model, opt, sched, loader)
+        bar = tqdm(
+            range(start, self.epochs),
+            disable=not self.progress,
+            desc=f"train {data.name}",
+            initial=start,
+            total=self.epochs,
+        )
+        for epoch in bar:
             tot_loss = tot_correct = tot_n = 0.0
-            for idx_in, idx_out in paired_batches(
-                len(data.train_x), len(data.out_x) if is_ccu else 0, self.settings.batch_size, gen
-            ):
-                x = data.train_x[idx_in].to(self.device)
-                y = data.train_y[idx_in].to(self.device)
+            for x, y, z in loader:
                 if is_ccu:
-                    z = data.out_x[idx_out].to(self.device)
-                    terms = ccu_loss(model, x, y, z)
-                    loss = terms.loss
+                    loss = ccu_loss(model, x, y, z).loss
                     with torch.no_grad():
                         logits = model.logits(x)
                 else:
@@ -124,8 +119,45 @@ class Trainer:
             hist.loss.append(tot_loss / tot_n)
             hist.accuracy.append(tot_correct / tot_n)
             bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
+            if checkpoint is not None:
+                self._save(Path(checkpoint), epoch + 1, model, opt, loader, hist)
         model.eval()
         return hist
+
+    def _save(self, path: Path, epoch, model, opt, loader, hist) -> None:
+        state = {
+            "epoch": epoch,
+            "epochs": self.epochs,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "loader": loader.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "history": {k: list(v) for k, v in hist.__dict__.items()},
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # atomic: a killed run never leaves a half-written checkpoint
+
+    def _resume(self, path: Path, model, opt, sched, loader):
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=True)
+        except Exception as exc:
+            raise ValueError(
+                f"checkpoint {path} cannot be read ({exc}); delete it to train from scratch."
+            ) from exc
+        if state.get("epochs") != self.epochs:
+            raise ValueError(
+                f"checkpoint {path} is for a {state.get('epochs')}-epoch run, this one has "
+                f"{self.epochs} epochs; delete it or use the same settings."
+            )
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["loader"])
+        torch.set_rng_state(state["torch_rng"])
+        for _ in range(state["epoch"]):
+            sched.last_epoch += 1  # the learning rates themselves come with the optimiser state
+        return state["epoch"], History(**state["history"])
 
 
 @torch.no_grad()

@@ -3,7 +3,7 @@ import torch
 
 import ccu
 from ccu.data import get_spec, load_dataset
-from ccu.train import paired_batches
+from ccu.data.loaders import paired_batches
 
 
 @pytest.mark.parametrize("name", ["moons", "digits"])
@@ -66,3 +66,56 @@ def test_training_on_digits(kind):
         assert len(hist.constraint_gap) == 10 * 5  # 600 points in batches of 128
         # theta >= 2 max sigma after every step: log-gap >= log 2
         assert min(hist.constraint_gap) >= 0.6931471805599453 - 1e-6
+
+
+def test_checkpoint_resume_gives_the_same_weights(tmp_path):
+    data = load_dataset("digits").subset(300)
+    settings = ccu.train_settings("digits")
+
+    def fresh():
+        torch.manual_seed(0)
+        clf = ccu.make_classifier("mlp", data.spec.shape, 10, hidden=16)
+        return ccu.init_ccu(clf, data.train_x, data.out_x, 10, 3)
+
+    full = fresh()
+    ccu.Trainer(4, settings, progress=False).fit(full, data)
+    ckpt = tmp_path / "run" / "checkpoint.pt"
+    part = fresh()
+    ccu.Trainer(4, settings, progress=False).fit(part, data, checkpoint=ckpt)
+    # a run killed right after its epoch-2 checkpoint
+    ckpt.unlink()
+    save = ccu.Trainer._save
+
+    def save_then_die(self, path, epoch, *args):
+        save(self, path, epoch, *args)
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    killed = fresh()
+    ccu.Trainer._save = save_then_die
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ccu.Trainer(4, settings, progress=False).fit(killed, data, checkpoint=ckpt)
+    finally:
+        ccu.Trainer._save = save
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 2
+    resumed = fresh()
+    hist = ccu.Trainer(4, settings, progress=False).fit(resumed, data, checkpoint=ckpt)
+    assert len(hist.loss) == 4
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(full.state_dict().values(), part.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_bad_checkpoints(tmp_path):
+    data = load_dataset("digits").subset(200)
+    clf = ccu.make_classifier("mlp", data.spec.shape, 10, hidden=8)
+    ckpt = tmp_path / "c.pt"
+    ckpt.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="delete it to train from scratch"):
+        ccu.Trainer(1, progress=False).fit(clf, data, checkpoint=ckpt)
+    ckpt.unlink()
+    ccu.Trainer(1, progress=False).fit(clf, data, checkpoint=ckpt)
+    with pytest.raises(ValueError, match="1-epoch run"):
+        ccu.Trainer(3, progress=False).fit(clf, data, checkpoint=ckpt)

@@ -278,27 +278,65 @@ def get_spec(name: str) -> DatasetSpec:
     return REGISTRY[name]
 
 
-def load_dataset(name: str, seed: int = 0, root=None) -> Dataset:
-    """Load ``name`` from the registry (seeded split and out-distribution).
+OUT_CHOICES = ("proxy", "uniform", "tiny-images", "300k")
+
+
+def load_dataset(
+    name: str,
+    seed: int = 0,
+    root=None,
+    out: str = "proxy",
+    n_out: int | None = None,
+    out_path=None,
+    out_exclude=None,
+) -> Dataset:
+    """Load ``name`` from the registry (seeded split and training out-distribution).
 
     ``root`` is the data root for downloads and mirrors (default: ``CCU_DATA_ROOT`` or ``data/``).
+    ``out`` picks the training out-distribution: ``proxy`` (the dataset's offline stand-in, see
+    ``data/README.md``), ``uniform`` (noise on [0,1]^d), ``tiny-images`` or ``300k`` (files the
+    user provides, see :mod:`ccu.data.outdist`; ``n_out`` images, default 50,000, skipping the
+    indices ``out_exclude``).
     """
+    from ccu.data import outdist
+
     spec = get_spec(name)
+    if out not in OUT_CHOICES:
+        raise ValueError(
+            f"unknown out-distribution {out!r}; choose one of {', '.join(OUT_CHOICES)}."
+        )
     parts = spec.loader(seed, root)
     (xtr, ytr), (xte, yte) = parts["train"], parts["test"]
 
     def t(a, dtype):
         return a.to(dtype) if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=dtype)
 
+    out_x, out_desc = parts["out"], parts["out_description"]
+    if out != "proxy":
+        count = n_out or 50_000
+        if out == "uniform":
+            out_x = uniform_noise(count, spec.shape, seed + 7)
+            out_desc = f"{count:,} uniform-noise images"
+        elif spec.shape not in ((1, 28, 28), (3, 32, 32)):
+            raise ValueError(f"{out!r} images (32x32 colour) do not fit {name!r} {spec.shape}.")
+        else:
+            reader = outdist.tiny_images if out == "tiny-images" else outdist.random_300k
+            raw = reader(count, seed + 7, path=out_path, root=root, exclude=out_exclude)
+            out_x = outdist.as_images(raw, spec.shape)
+            out_desc = f"{count:,} images of {out} (seeded sample"
+            out_desc += (
+                f", {len(out_exclude)} indices excluded)" if out_exclude is not None else ")"
+            )
     return Dataset(
         spec,
         t(xtr, torch.float32),
         t(ytr, torch.long),
         t(xte, torch.float32),
         t(yte, torch.long),
-        t(parts["out"], torch.float32),
-        parts["out_description"],
+        t(out_x, torch.float32),
+        out_desc,
         seed,
+        {"out": out},
     )
 
 
@@ -379,4 +417,5 @@ __all__ = [
     "natural_image_patches",
     "noise_set",
     "uniform_noise",
+    "OUT_CHOICES",
 ]

@@ -63,3 +63,13 @@ def augmented_sample(x: torch.Tensor, n: int, dataset: str, seed: int) -> torch.
     reps = -(-n // len(x))
     idx = torch.cat([torch.randperm(len(x), generator=gen) for _ in range(reps)])[:n]
     return augment(x[idx], dataset, seed + 1)
+
+
+def covariance_sample(data, settings, seed: int = 0) -> torch.Tensor:
+    """The data for the metric's covariance (eq. "Cov"): ``settings.n_covariance`` augmented
+    training images (the paper: 60,000 for MNIST/FMNIST, 50,000 for SVHN/CIFAR), or the plain
+    training set when the settings do not augment."""
+    if not settings.augment:
+        return data.train_x
+    n = settings.n_covariance or len(data.train_x)
+    return augmented_sample(data.train_x, n, data.name, seed)
