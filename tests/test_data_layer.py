@@ -152,3 +152,101 @@ def test_augmentation_is_a_padded_crop_and_seeded():
     assert ac.shape == c.shape and float(ac.min()) >= 0 and float(ac.max()) <= 1
     pts = torch.rand(4, 2)
     assert torch.equal(augment(pts, "moons", 0), pts)  # no augmentation for 2-D toy data
+
+
+def test_tiny_images_reader_roundtrip(tmp_path):
+    from ccu.data import outdist
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(50, 32, 32, 3), dtype=np.uint8)
+    # the binary stores each (32, 32, 3) image in Fortran order
+    (tmp_path / outdist.TINY_IMAGES_FILE).write_bytes(
+        b"".join(im.flatten(order="F").tobytes() for im in images)
+    )
+    with pytest.raises(D.CorruptDataError, match="79302017"):
+        outdist.tiny_images(5, 0, root=tmp_path)
+    got = outdist.tiny_images(10, 0, root=tmp_path, strict_size=False, exclude=[0, 1, 2])
+    assert got.shape == (10, 32, 32, 3)
+    matches = [int(np.flatnonzero((images == g).all(axis=(1, 2, 3)))[0]) for g in got]
+    assert len(set(matches)) == 10 and min(matches) >= 3  # distinct, exclusions respected
+    again = outdist.tiny_images(10, 0, root=tmp_path, strict_size=False, exclude=[0, 1, 2])
+    np.testing.assert_array_equal(got, again)
+    with (tmp_path / outdist.TINY_IMAGES_FILE).open("ab") as f:
+        f.write(b"\x00" * 100)  # truncated / trailing bytes
+    with pytest.raises(D.CorruptDataError, match="not a multiple"):
+        outdist.tiny_images(5, 0, root=tmp_path, strict_size=False)
+
+
+def test_300k_reader_and_out_choice(tmp_path):
+    from ccu.data import outdist
+
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, size=(40, 32, 32, 3), dtype=np.uint8)
+    np.save(tmp_path / outdist.RANDOM_300K_FILE, images)
+    got = outdist.random_300k(8, 3, root=tmp_path)
+    assert got.shape == (8, 32, 32, 3)
+    grey = outdist.as_images(got, (1, 28, 28))
+    assert grey.shape == (8, 1, 28, 28) and float(grey.max()) <= 1.0
+    np.save(tmp_path / outdist.RANDOM_300K_FILE, images[..., 0])
+    with pytest.raises(D.CorruptDataError, match="expected uint8"):
+        outdist.random_300k(8, 3, root=tmp_path)
+    with pytest.raises(D.DataNotFoundError, match="tiny_images.bin"):
+        outdist.tiny_images(8, 0, root=tmp_path / "nothing")
+    moons = D.load_dataset("moons", out="uniform", n_out=100)
+    assert moons.out_x.shape == (100, 2) and "uniform" in moons.out_description
+    with pytest.raises(ValueError, match="unknown out-distribution"):
+        D.load_dataset("moons", out="tiny")
+    with pytest.raises(ValueError, match="do not fit"):
+        D.load_dataset("digits", out="300k", out_path=tmp_path / outdist.RANDOM_300K_FILE)
+
+
+@needs_mirror
+def test_300k_as_out_distribution_for_mnist_offline(tmp_path):
+    from ccu.data import outdist
+
+    images = np.random.default_rng(2).integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
+    np.save(tmp_path / outdist.RANDOM_300K_FILE, images)
+    d = D.load_dataset("mnist-offline", out="300k", n_out=32, root=tmp_path)
+    assert d.out_x.shape == (32, 1, 28, 28) and d.info["out"] == "300k"
+
+
+@needs_mirror
+def test_torchvision_emnist_reader_offline(tmp_path):
+    raw = tmp_path / "EMNIST" / "raw"
+    raw.mkdir(parents=True)
+    images = gzip.decompress((SHARED / "mnist" / "t10k-images-idx3-ubyte.gz").read_bytes())
+    labels = bytearray(
+        gzip.decompress((SHARED / "mnist" / "t10k-labels-idx1-ubyte.gz").read_bytes())
+    )
+    labels[8:] = bytes(b % 10 + 1 for b in labels[8:])  # letters are labelled 1..26
+    for split in ("train", "test"):
+        (raw / f"emnist-letters-{split}-images-idx3-ubyte").write_bytes(images)
+        (raw / f"emnist-letters-{split}-labels-idx1-ubyte").write_bytes(bytes(labels))
+    x, y = sources.torchvision_arrays("emnist", "test", root=tmp_path, download=False)
+    mnist, mlabels = sources.mnist_test_mirror()
+    assert int(y.min()) == 0  # shifted to start at 0
+    np.testing.assert_array_equal(y, mlabels.numpy() % 10)
+    # EMNIST files store images transposed; the reader transposes them back
+    np.testing.assert_array_equal(x[:, 0], mnist.numpy().transpose(0, 2, 1) / np.float32(255.0))
+
+
+def test_paired_loader_and_covariance_sample():
+    import ccu
+    from ccu.data.augment import covariance_sample
+    from ccu.data.loaders import PairedLoader
+
+    data = D.load_dataset("digits").subset(300)
+    loader = PairedLoader(data, batch_size=64, seed=0, augment=True)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 5
+    assert all(x.shape[0] == z.shape[0] == y.shape[0] for x, y, z in batches)
+    assert sum(len(y) for _, y, _ in batches) == 300
+    state = loader.state_dict()
+    first = [x for x, _, _ in loader]
+    loader.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(first, [x for x, _, _ in loader], strict=True))
+    no_out = PairedLoader(data, batch_size=64, with_out=False)
+    assert all(z.shape[0] == 0 for _, _, z in no_out)
+    settings = ccu.TrainSettings(augment=True, n_covariance=500)
+    assert covariance_sample(data, settings).shape == (500, 1, 8, 8)
+    assert covariance_sample(data, ccu.TrainSettings(augment=False)) is data.train_x

@@ -47,7 +47,7 @@ def _sample_indices(total: int, n: int, seed: int, exclude) -> np.ndarray:
         raise ValueError(f"asked for {n} images but only {available} are available.")
     chosen = np.empty(0, dtype=np.int64)
     while len(chosen) < n:  # rejection sampling: cheap when few indices are excluded
-        draw = rng.choice(total, size=2 * (n - len(chosen)) + 16, replace=False)
+        draw = rng.choice(total, size=min(total, 2 * (n - len(chosen)) + 16), replace=False)
         draw = draw[~np.isin(draw, excluded)]
         chosen = np.unique(np.concatenate([chosen, draw]))
     return np.sort(rng.permutation(chosen)[:n])
