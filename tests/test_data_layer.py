@@ -250,3 +250,16 @@ def test_paired_loader_and_covariance_sample():
     settings = ccu.TrainSettings(augment=True, n_covariance=500)
     assert covariance_sample(data, settings).shape == (500, 1, 8, 8)
     assert covariance_sample(data, ccu.TrainSettings(augment=False)) is data.train_x
+
+
+def test_image_folder_ood_sets(tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "LSUN_CR" / "classroom"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    digits = D.load_dataset("digits")
+    x = D.load_ood("lsun_cr", digits, root=tmp_path)
+    assert x.shape == (3, 1, 8, 8) and float(x.min()) >= 0 and float(x.max()) <= 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -28,6 +29,10 @@ MIRROR_FILES: dict[str, str] = {
     "cifar10/test.npz": "f892c14ad369977dff609cbce6fc32e7094390de596992893599e93aa1627659",
     "cifar10/train_10k.npz": "786d6ddbfbddba382c0e3f63c2de20951839e9afad246731be34eb864af4ec70",
 }
+
+
+#: Seconds a download may wait on the network before giving up.
+DOWNLOAD_TIMEOUT_S = 60.0
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -159,6 +164,8 @@ def torchvision_arrays(name: str, split: str, root=None, download: bool = True):
     kwargs = train_kw if split == "train" else test_kw
     root = data_root(root)
     cls = getattr(torchvision.datasets, cls_name)
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # a black-holed network fails, never hangs
     try:
         ds = cls(str(root), download=download, **kwargs)
     except (RuntimeError, OSError, ValueError) as exc:
@@ -171,6 +178,8 @@ def torchvision_arrays(name: str, split: str, root=None, download: bool = True):
             f"(python -c \"import ccu.data as d; d.load_dataset('{name}')\") and copy the "
             f"folder, or set CCU_DATA_ROOT to where they are."
         ) from exc
+    finally:
+        socket.setdefaulttimeout(previous)
     data = ds.data
     x = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
     if x.ndim == 3:  # (N, H, W) grey
