@@ -32,7 +32,7 @@ class Profile:
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile("smoke", 30, 1500, 10, 40, 30, 3, 20, 120),
-    "cpu": Profile("cpu", 100, None, 50, 200, 200, 10, 100, 250),
+    "cpu": Profile("cpu", 10, None, 100, 200, 100, 5, 100, 250),
     "paper": Profile("paper", 100, None, 100, 200, 500, 50, 200, 400),
 }
 
@@ -67,12 +67,14 @@ DATASET_SETTINGS: dict[str, TrainSettings] = {
     "moons": TrainSettings(lr=1e-2, gmm_lr=1e-2, weight_decay=0.0, batch_size=64, augment=False),
     "digits": TrainSettings(lr=1e-2, gmm_lr=1e-5, batch_size=128, augment=False),
     "mnist": TrainSettings(classifier="lenet", n_covariance=60_000),
-    "fmnist": TrainSettings(optimizer="sgd", lr=0.1, n_covariance=60_000),
+    "fmnist": TrainSettings(optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=60_000),
     "mnist-offline": TrainSettings(classifier="lenet", n_covariance=20_000),
-    "svhn": TrainSettings(optimizer="sgd", lr=0.1, n_covariance=50_000),
-    "cifar10": TrainSettings(optimizer="sgd", lr=0.1, n_covariance=50_000),
-    "cifar100": TrainSettings(optimizer="sgd", lr=0.1, n_covariance=50_000),
-    "cifar10-offline": TrainSettings(optimizer="sgd", lr=0.1, n_covariance=20_000),
+    "svhn": TrainSettings(optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=50_000),
+    "cifar10": TrainSettings(optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=50_000),
+    "cifar100": TrainSettings(optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=50_000),
+    "cifar10-offline": TrainSettings(
+        optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=20_000
+    ),
 }
 
 

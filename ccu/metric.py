@@ -91,6 +91,11 @@ class Mahalanobis(nn.Module):
         """The Euclidean metric (``C = I``) in ``dim`` dimensions."""
         return cls(torch.ones(dim, dtype=torch.float64), torch.eye(dim, dtype=torch.float64))
 
+    def _load_from_state_dict(self, *args, **kwargs):
+        # Loading copies into the buffers in place (same data pointers): drop the cached casts.
+        self._cache = {}
+        super()._load_from_state_dict(*args, **kwargs)
+
     # ------------------------------------------------------------------ maps
     @property
     def dim(self) -> int:

@@ -1,4 +1,4 @@
-"""Classifiers: the paper's LeNet (MNIST-shaped inputs) and a small ReLU MLP (moons, digits).
+"""Classifiers: the paper's LeNet (MNIST-shaped inputs), ResNet18 (32x32 colour) and a ReLU MLP.
 
 All return logits. Chosen per dataset by :func:`ccu.config.classifier_for`.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 
@@ -52,6 +53,44 @@ class LeNet(nn.Module):
         return self.head(self.features(x))
 
 
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet18, CIFAR variant (3x3 stem, no max-pool), as used by the paper for 32x32 images."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
+        )
+        layers, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [_BasicBlock(cin, cout, stride), _BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        out = self.layers(self.stem(x))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1))
+
+
 def make_classifier(kind: str, shape: tuple[int, ...], num_classes: int, **kwargs) -> nn.Module:
     """Build a classifier by name for inputs of ``shape`` (without the batch dimension)."""
     if kind == "mlp":
@@ -60,4 +99,6 @@ def make_classifier(kind: str, shape: tuple[int, ...], num_classes: int, **kwarg
         if len(shape) != 3 or shape[1] != shape[2]:
             raise ValueError(f"LeNet needs square (C, H, W) images; got shape {shape}.")
         return LeNet(num_classes, in_channels=shape[0], image_size=shape[1])
-    raise ValueError(f"unknown classifier {kind!r}; choose one of 'mlp', 'lenet'.")
+    if kind == "resnet18":
+        return ResNet18(num_classes, in_channels=shape[0])
+    raise ValueError(f"unknown classifier {kind!r}; choose one of 'mlp', 'lenet', 'resnet18'.")

@@ -1,0 +1,67 @@
+"""Produce the committed reference results: train, score, certify and attack, then copy the small
+result files (JSON/CSV with provenance) into ``reference-results/<profile>/<dataset>/``.
+
+Usage: python tools/reference_run.py --dataset mnist-offline --profile cpu --methods Base CCU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ccu import experiment as E
+from ccu.config import get_profile
+from ccu.data import load_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dataset", default="mnist-offline")
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--methods", nargs="+", default=["Base", "CCU"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    data = load_dataset(args.dataset, seed=args.seed).subset(get_profile(args.profile).n_train)
+    runs = {
+        m: E.run_method(args.dataset, m, args.profile, args.seed, args.device, data=data)
+        for m in args.methods
+    }
+    adv = E.adversarial_noise(runs, data, args.profile, args.seed)
+    out = ROOT / "reference-results" / args.profile / args.dataset
+    out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    for name, run in runs.items():
+        cfg = dict(run.config, commit=commit, device=args.device)
+        (out / f"{name}.config.json").write_text(json.dumps(cfg, indent=2, default=str))
+        (out / f"{name}.metrics.json").write_text(json.dumps(run.metrics, indent=2))
+    adv_dir = E.RESULTS_ROOT / args.profile / args.dataset / "adversarial"
+    table1 = json.loads((adv_dir / "table1.json").read_text())
+    table1.update(commit=commit, wall_seconds_total=time.perf_counter() - start)
+    (out / "table1.json").write_text(json.dumps(table1, indent=2))
+    np.savetxt(out / "radii.csv", adv["radii"], fmt="%.6g", header="certified radius per seed")
+    np.savez_compressed(
+        out / "figure2.npz",
+        seed=adv_dir.joinpath("adversarial.npz")
+        and np.load(adv_dir / "adversarial.npz")["seeds"][:8],
+        **{f"{m}_worst_x": adv["methods"][m]["worst_x"][:8] for m in runs},
+        **{f"{m}_worst_score": adv["methods"][m]["worst_score"] for m in runs},
+    )
+    print(json.dumps(table1, indent=2))
+
+
+if __name__ == "__main__":
+    main()
