@@ -1,0 +1,134 @@
+"""The paper's tables from saved results, with the paper's own numbers beside ours (pandas).
+
+Numbers are in percent, as in the paper. The paper's values come from ``ccu/reference/paper``
+(transcribed from the paper's source).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ccu.methods import ordered
+
+#: registry names -> the paper's dataset names
+PAPER_DATASET = {
+    "mnist": "MNIST",
+    "mnist-offline": "MNIST",
+    "fmnist": "FMNIST",
+    "svhn": "SVHN",
+    "cifar10": "CIFAR10",
+    "cifar10-offline": "CIFAR10",
+    "cifar100": "CIFAR100",
+}
+PAPER_OOD = {
+    "uniform": "Uniform",
+    "noise": "Noise",
+    "grcifar10": "GrCIFAR10",
+    "mnist": "MNIST",
+    "fmnist": "FMNIST",
+    "emnist": "EMNIST",
+    "svhn": "SVHN",
+    "cifar10": "CIFAR10",
+    "cifar100": "CIFAR100",
+    "lsun_cr": "LSUN_CR",
+    "imagenet-": "Imagenet-",
+}
+REFERENCE_RESULTS = Path(__file__).resolve().parents[1] / "reference-results"
+
+
+def paper_table(name: str) -> pd.DataFrame:
+    """One of the paper's tables (``table1_adversarial_noise``, ``table2_ood_auc``, ...)."""
+    path = resources.files("ccu.reference") / "paper" / f"{name}.csv"
+    if not path.is_file():
+        raise ValueError(f"no paper table {name!r}.")
+    with path.open() as f:
+        return pd.read_csv(f)
+
+
+def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> pd.DataFrame:
+    """Table 2 (``auroc``) or the AUPR table (``aupr_in``) rows for ``dataset``.
+
+    ``metrics`` maps a method to its ``metrics.json``. Columns: (method, ours | paper).
+    """
+    paper = paper_table("table2_ood_auc" if metric == "auroc" else "table_aupr")
+    paper = paper[paper.in_dataset == PAPER_DATASET.get(dataset, "")]
+    rows = []
+    for method in ordered(metrics):
+        for ood, m in metrics[method]["ood"].items():
+            if metric not in m:
+                continue
+            p = paper[(paper.ood_dataset == PAPER_OOD.get(ood)) & (paper.method == method)]
+            rows.append(
+                {
+                    "OOD set": PAPER_OOD.get(ood, ood),
+                    "method": method,
+                    "ours": 100 * m[metric],
+                    "paper": float(p.value.iloc[0]) if len(p) else np.nan,
+                }
+            )
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    wide = df.pivot(index="OOD set", columns="method", values=["ours", "paper"])
+    wide = wide.swaplevel(axis=1)
+    cols = [(m, s) for m in ordered(df.method.unique()) for s in ("ours", "paper")]
+    return wide[cols].round(1)
+
+
+def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
+    """Table 1 rows (TE, SR, AUC in percent) for ``dataset``, ours beside the paper's."""
+    paper = paper_table("table1_adversarial_noise")
+    paper = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
+    data = {}
+    for method in ordered(table1["methods"]):
+        r = table1["methods"][method]
+        for metric in ("TE", "SR", "AUC"):
+            p = paper[(paper.metric == metric) & (paper.method == method)]
+            data.setdefault((method, "ours"), {})[metric] = 100 * r[metric]
+            data.setdefault((method, "paper"), {})[metric] = (
+                float(p.value.iloc[0]) if len(p) else np.nan
+            )
+    return pd.DataFrame(data).round(1)
+
+
+def p_stats_row(ccu_metrics: dict, dataset: str, n_test: int) -> pd.DataFrame:
+    """The appendix P_Stats row: CCU's lowest test confidence and how many are below 1.1/M."""
+    paper = paper_table("table_p_stats")
+    p = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
+    n_below = ccu_metrics["n_below_1.1_over_M"]
+    ours = {
+        "min p(y|x) %": 100 * ccu_metrics["min_confidence"],
+        "# < 1.1/M": n_below,
+        "% < 1.1/M": 100 * n_below / n_test,
+    }
+    rows = {"ours": ours}
+    if len(p):
+        rows["paper"] = {
+            "min p(y|x) %": float(p.min_confidence_pct.iloc[0]),
+            "# < 1.1/M": float(p["n_below_1.1_over_M"].iloc[0]),
+            "% < 1.1/M": float(p["pct_below_1.1_over_M"].iloc[0]),
+        }
+    return pd.DataFrame(rows).T.round(2)
+
+
+def load_reference(profile: str, dataset: str, root: Path | None = None) -> dict:
+    """Committed reference results: {"metrics": {method: ...}, "config": {...}, "table1": ...}."""
+    d = Path(root or REFERENCE_RESULTS) / profile / dataset
+    if not d.is_dir():
+        raise FileNotFoundError(
+            f"no reference results for profile {profile!r} and dataset {dataset!r} in {d}; "
+            "produce them with tools/reference_run.py."
+        )
+    out = {"metrics": {}, "config": {}, "directory": d}
+    for f in sorted(d.glob("*.metrics.json")):
+        out["metrics"][f.name.split(".")[0]] = json.loads(f.read_text())
+    for f in sorted(d.glob("*.config.json")):
+        out["config"][f.name.split(".")[0]] = json.loads(f.read_text())
+    if (d / "table1.json").exists():
+        out["table1"] = json.loads((d / "table1.json").read_text())
+    return out

@@ -1,0 +1,129 @@
+"""Metrics, the method interface, results on disk and the adversarial-noise evaluation."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import ccu
+from ccu import evaluate as ev
+from ccu import experiment, report
+from ccu.data import load_dataset
+from ccu.methods import get_method, ordered
+
+
+def test_metrics_against_hand_computation():
+    s_in, s_out = [3.0, 2.0, 1.0], [2.0, 0.0]
+    # pairs (in > out): 3>2, 3>0, 2>0, 1>0 = 4; tie 2=2 counts 1/2 for AUROC, 0 for strict
+    assert ev.auroc(s_in, s_out) == pytest.approx(4.5 / 6)
+    assert ev.strict_auc(s_in, s_out) == pytest.approx(4 / 6)
+    assert ev.strict_auc([1.0, 1.0], [1.0]) == 0.0  # saturated scores are failures
+    assert ev.auroc([1.0, 1.0], [1.0]) == 0.5
+    # FPR@95: the 5% quantile of [0..99] is 4.95; out-scores >= it
+    assert ev.fpr_at_95(np.arange(100.0), [4.0, 5.0, 50.0]) == pytest.approx(2 / 3)
+    # AUPR-In: ranking in, in, out -> precision 1 at both in-points
+    assert ev.aupr_in([3.0, 2.0], [1.0]) == pytest.approx(1.0)
+    # AUPR-Out: out-set positive with negated scores; out ranked first -> 1
+    assert ev.aupr_out([3.0, 2.0], [1.0]) == pytest.approx(1.0)
+    assert ev.aupr_out([1.0], [3.0, 2.0]) == pytest.approx(0.0, abs=0.34)
+    assert ev.success_rate([0.5, 0.9, 0.2], [0.1, 0.5, 0.9]) == pytest.approx(2 / 3)  # median 0.5
+    assert ev.classification_error([1, 2, 3], [1, 0, 3]) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="NaN"):
+        ev.auroc([np.nan], [1.0])
+    with pytest.raises(ValueError, match="non-empty"):
+        ev.auroc([], [1.0])
+
+
+def test_method_registry_and_order():
+    assert ordered(["CCU", "Base"]) == ["Base", "CCU"]
+    with pytest.raises(ValueError, match="unknown method 'XYZ'"):
+        get_method("XYZ")
+
+
+@pytest.fixture(scope="module")
+def digits_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    data = load_dataset("digits").subset(800)
+    runs = {
+        m: experiment.run_method("digits", m, "smoke", data=data, root=root)
+        for m in ("Base", "CCU")
+    }
+    for r in runs.values():
+        r.method.progress = False
+    return root, data, runs
+
+
+def test_runs_write_results_and_separate_noise(digits_runs):
+    root, data, runs = digits_runs
+    for name, run in runs.items():
+        d = root / "smoke" / "digits" / name
+        for f in ("config.json", "model.pt", "scores.npz", "metrics.json", "checkpoint.pt"):
+            assert (d / f).exists(), f
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["data_checksum"] == data.checksum() and cfg["ccu_version"] == ccu.__version__
+        assert run.metrics["test_error"] < 0.2
+        # sign check: every score ranks the in-distribution above easily separable noise
+        assert run.metrics["ood"]["uniform"]["auroc"] > 0.5, name
+        assert run.scores["test"].shape == (len(data.test_x),)
+
+
+def test_rerun_loads_and_retrain_retrains(digits_runs):
+    root, data, runs = digits_runs
+    again = experiment.run_method("digits", "CCU", "smoke", data=data, root=root)
+    assert again.loaded
+    x = data.test_x[:50]
+    torch.testing.assert_close(again.method.score(x), runs["CCU"].method.score(x))
+    other_seed = experiment.run_method("digits", "Base", "smoke", seed=1, data=data, root=root)
+    assert not other_seed.loaded  # a different config is not mistaken for the saved run
+
+
+def test_saved_models_load_with_weights_only(digits_runs):
+    root, data, runs = digits_runs
+    state = torch.load(root / "smoke" / "digits" / "CCU" / "model.pt", weights_only=True)
+    m = get_method("CCU")(data.spec, ccu.train_settings("digits"), ccu.get_profile("smoke"))
+    m.load_state_dict(state)
+    x = data.test_x[:20]
+    torch.testing.assert_close(m.score(x), runs["CCU"].method.score(x))
+    with pytest.raises(ValueError, match="not 'Base'"):
+        get_method("Base")(
+            data.spec, ccu.train_settings("digits"), ccu.get_profile("smoke")
+        ).load_state_dict(state)
+
+
+def test_adversarial_noise_table1(digits_runs):
+    root, data, runs = digits_runs
+    adv = experiment.adversarial_noise(runs, data, "smoke", root=root)
+    assert adv["ccu_bound_violations"] == 0
+    worst_ccu = np.exp(adv["methods"]["CCU"]["worst_score"])
+    assert (worst_ccu <= adv["bound"] + 1e-6).all()
+    assert adv["methods"]["Base"]["SR"] >= adv["methods"]["CCU"]["SR"]
+    for r in adv["methods"].values():
+        x = r["worst_x"]
+        assert x.min() >= 0 and x.max() <= 1
+        assert r["max_distance_over_radius"] <= 1.0
+    table = report.attack_table(
+        json.loads((root / "smoke" / "digits" / "adversarial" / "table1.json").read_text()),
+        "digits",
+    )
+    assert list(table.columns.get_level_values(0).unique()) == ["Base", "CCU"]
+    with pytest.raises(ValueError, match="needs a trained CCU run"):
+        experiment.adversarial_noise({"Base": runs["Base"]}, data, "smoke", root=root)
+
+
+def test_report_tables_use_the_paper_numbers():
+    metrics = {
+        "Base": {"ood": {"uniform": {"auroc": 0.5, "aupr_in": 0.6}}},
+        "CCU": {"ood": {"uniform": {"auroc": 1.0, "aupr_in": 1.0}}},
+    }
+    t = report.ood_table(metrics, "mnist-offline", "auroc")
+    assert t.loc["Uniform", ("CCU", "ours")] == 100.0
+    paper = report.paper_table("table2_ood_auc")
+    want = paper[
+        (paper.in_dataset == "MNIST") & (paper.ood_dataset == "Uniform") & (paper.method == "CCU")
+    ]
+    assert t.loc["Uniform", ("CCU", "paper")] == float(want.value.iloc[0])
+    row = report.p_stats_row(
+        {"min_confidence": 0.5, "n_below_1.1_over_M": 4}, "mnist-offline", 2000
+    )
+    assert row.loc["ours", "% < 1.1/M"] == 0.2 and row.loc["paper", "min p(y|x) %"] == 33.08
