@@ -63,3 +63,22 @@ def test_corollary1_with_another_seed_and_level(tmp_path):
 def test_bad_parameters_stop_with_a_clear_error(tmp_path, params, message):
     with pytest.raises(papermill.PapermillExecutionError, match=message):
         _run(tmp_path, "theorem1", **params)
+
+
+@pytest.mark.notebooks
+def test_ood_chapter_on_real_mnist(tmp_path, monkeypatch):
+    """The OOD chapter through papermill on the real MNIST images (the offline mirror)."""
+    mirror = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+    if not mirror.is_dir():
+        pytest.skip(f"offline MNIST mirror not found at {mirror}")
+    monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
+    nb = _run(tmp_path, "ood_detection", dataset="mnist-offline", methods=["Base", "CCU"])
+    glued = _glued(nb)
+    assert float(glued["ood_ccu_uniform"]) > 90.0
+    assert (tmp_path / "results" / "smoke" / "mnist-offline" / "CCU" / "metrics.json").exists()
+
+
+@pytest.mark.notebooks
+def test_unknown_method_stops_the_chapter(tmp_path):
+    with pytest.raises(papermill.PapermillExecutionError, match="unknown method 'XYZ'"):
+        _run(tmp_path, "training", methods=["XYZ"])

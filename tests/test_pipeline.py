@@ -26,7 +26,8 @@ def test_metrics_against_hand_computation():
     assert ev.aupr_in([3.0, 2.0], [1.0]) == pytest.approx(1.0)
     # AUPR-Out: out-set positive with negated scores; out ranked first -> 1
     assert ev.aupr_out([3.0, 2.0], [1.0]) == pytest.approx(1.0)
-    assert ev.aupr_out([1.0], [3.0, 2.0]) == pytest.approx(0.0, abs=0.34)
+    # the in-point ranks first: precision 1/2 and 2/3 at the two out-points
+    assert ev.aupr_out([1.0], [3.0, 2.0]) == pytest.approx((1 / 2 + 2 / 3) / 2)
     assert ev.success_rate([0.5, 0.9, 0.2], [0.1, 0.5, 0.9]) == pytest.approx(2 / 3)  # median 0.5
     assert ev.classification_error([1, 2, 3], [1, 0, 3]) == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="NaN"):
