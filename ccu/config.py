@@ -9,7 +9,7 @@ Every chapter takes a ``profile`` parameter that goes through :func:`get_profile
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ def get_profile(name: str, **overrides) -> Profile:
     """The profile called ``name`` (``smoke``, ``cpu`` or ``paper``), with optional overrides."""
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}.")
+    unknown = set(overrides) - {f.name for f in fields(Profile)} | ({"name"} & set(overrides))
+    if unknown:
+        raise ValueError(
+            f"cannot override {sorted(unknown)}; profile fields: "
+            f"{[f.name for f in fields(Profile) if f.name != 'name']}."
+        )
     return replace(PROFILES[name], **overrides) if overrides else PROFILES[name]
 
 

@@ -26,7 +26,7 @@ import torch
 
 import ccu
 from ccu import evaluate as ev
-from ccu.config import get_profile, train_settings
+from ccu.config import Profile, get_profile, train_settings
 from ccu.data import Dataset, load_dataset, load_ood, uniform_noise
 from ccu.methods import get_method
 
@@ -86,7 +86,7 @@ def _same(a: dict, b: dict) -> bool:
 def run_method(
     dataset: str,
     method: str,
-    profile: str = "smoke",
+    profile: str | Profile = "smoke",
     seed: int = 0,
     device: str = "cpu",
     data: Dataset | None = None,
@@ -94,14 +94,18 @@ def run_method(
     root=None,
     ood_seed: int = 1,
 ) -> RunResult:
-    """Train ``method`` on ``dataset`` (or load the saved run) and score the test and OOD sets."""
-    prof = get_profile(profile)
+    """Train ``method`` on ``dataset`` (or load the saved run) and score the test and OOD sets.
+
+    ``profile`` is a profile name or a :class:`ccu.Profile` (e.g. ``get_profile("smoke", epochs=3)``);
+    a saved run is reused only when its recorded config (profile fields included) is the same.
+    """
+    prof = profile if isinstance(profile, Profile) else get_profile(profile)
     settings = train_settings(dataset)
     if data is None:
         data = load_dataset(dataset, seed=seed).subset(prof.n_train)
     cls = get_method(method)
     m = cls(data.spec, settings, prof, seed=seed, device=device)
-    out = results_dir(profile, dataset, method, root)
+    out = results_dir(prof.name, dataset, method, root)
     out.mkdir(parents=True, exist_ok=True)
     config = _config(dataset, method, prof, settings, seed, data)
     files = [out / n for n in ("config.json", "model.pt", "scores.npz", "metrics.json")]
@@ -161,7 +165,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
 def adversarial_noise(
     runs: dict[str, RunResult],
     data: Dataset,
-    profile: str = "smoke",
+    profile: str | Profile = "smoke",
     seed: int = 0,
     root=None,
     level: float = 1.1,
@@ -174,7 +178,7 @@ def adversarial_noise(
     """
     if "CCU" not in runs:
         raise ValueError("adversarial noise needs a trained CCU run: its certified balls.")
-    prof = get_profile(profile)
+    prof = profile if isinstance(profile, Profile) else get_profile(profile)
     model = runs["CCU"].method.model
     seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
     radii = ccu.certified_radius(model, seeds, level=level)
@@ -214,7 +218,7 @@ def adversarial_noise(
     if "CCU" in per_method:  # the certificate: the attack can never beat the bound
         worst_conf = np.exp(per_method["CCU"]["worst_score"])
         out["ccu_bound_violations"] = int((worst_conf > bound.numpy() + 1e-6).sum())
-    d = Path(root or RESULTS_ROOT) / profile / data.name / "adversarial"
+    d = Path(root or RESULTS_ROOT) / prof.name / data.name / "adversarial"
     d.mkdir(parents=True, exist_ok=True)
     np.savez(
         d / "adversarial.npz",

@@ -32,6 +32,8 @@ def test_unknown_profile():
     with pytest.raises(ValueError, match="unknown profile 'fast'"):
         ccu.get_profile("fast")
     assert ccu.get_profile("smoke", epochs=3).epochs == 3
+    with pytest.raises(ValueError, match="cannot override \\['epoch'\\]"):
+        ccu.get_profile("smoke", epoch=3)
 
 
 def test_paired_batches_drop_nothing():

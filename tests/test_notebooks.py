@@ -72,9 +72,19 @@ def test_ood_chapter_on_real_mnist(tmp_path, monkeypatch):
     if not mirror.is_dir():
         pytest.skip(f"offline MNIST mirror not found at {mirror}")
     monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
-    nb = _run(tmp_path, "ood_detection", dataset="mnist-offline", methods=["Base", "CCU"])
+    nb = _run(
+        tmp_path,
+        "ood_detection",
+        dataset="mnist-offline",
+        methods=["Base", "CCU"],
+        overrides={"epochs": 4, "n_train": 600},
+    )
     glued = _glued(nb)
     assert float(glued["ood_ccu_uniform"]) > 90.0
+    cfg = json.loads(
+        (tmp_path / "results" / "smoke" / "mnist-offline" / "CCU" / "config.json").read_text()
+    )
+    assert cfg["profile"]["epochs"] == 4 and cfg["dataset"] == "mnist-offline"
     assert (tmp_path / "results" / "smoke" / "mnist-offline" / "CCU" / "metrics.json").exists()
 
 

@@ -487,6 +487,7 @@ profile = "smoke"
 seed = 0
 device = "cpu"
 methods = ["Base", "CCU"]
+overrides = {}  # profile fields to change, e.g. {"epochs": 5, "n_train": 500}
 """
 
 PIPELINE_SETUP = """
@@ -501,7 +502,7 @@ from ccu import experiment, report
 from ccu.data import load_dataset
 from ccu.methods import get_method, ordered
 
-prof = ccu.get_profile(profile)  # unknown profiles raise a clear error
+prof = ccu.get_profile(profile, **overrides)  # unknown profiles raise a clear error
 methods = ordered(methods)
 for name in methods:
     get_method(name)  # unknown methods raise a clear error
@@ -509,7 +510,7 @@ data = load_dataset(dataset, seed=seed).subset(prof.n_train)  # unknown datasets
 """
 
 RUNS = """
-runs = {m: experiment.run_method(dataset, m, profile, seed, device, data=data) for m in methods}
+runs = {m: experiment.run_method(dataset, m, prof, seed, device, data=data) for m in methods}
 """
 
 # ----------------------------------------------------------------------------- training
@@ -684,7 +685,7 @@ weaker certificate.
     code(PIPELINE_SETUP),
     code(RUNS),
     code("""
-adv = experiment.adversarial_noise(runs, data, profile, seed)
+adv = experiment.adversarial_noise(runs, data, prof, seed)
 display(report.attack_table({"methods": adv["methods"]}, dataset))
 glue("adv_ccu_violations", adv["ccu_bound_violations"], display=False)
 glue("adv_images_inside", adv["images_inside_balls"], display=False)
