@@ -95,7 +95,7 @@ def ball_attack(
     seeds = flat0.repeat_interleave(R, 0)  # (N*R, D), restarts of a seed are adjacent
     rad = radius.repeat_interleave(R, 0)
     d = metric.dim
-    w = _uniform_in_unit_ball(n * R, d, gen).to(seeds.dtype) * rad[:, None]
+    w = _uniform_in_unit_ball(n * R, d, gen).to(seeds) * rad[:, None]
     if include_seed:
         w.view(n, R, d)[:, 0] = 0.0
     x = _feasible(seeds + metric.unwhiten(w), seeds, rad, metric, box)
@@ -109,7 +109,7 @@ def ball_attack(
         return s.detach(), g
 
     score, grad = evaluate(x)
-    step = torch.full((n * R,), float(step_size), dtype=seeds.dtype)
+    step = torch.full((n * R,), float(step_size), dtype=seeds.dtype, device=seeds.device)
     best_x, best_s = x.clone(), score.clone()
     history = [best_s.view(n, R).max(1).values]
     for _ in range(steps):
@@ -133,7 +133,7 @@ def ball_attack(
 
     per_seed = best_s.view(n, R)
     j = per_seed.argmax(1)
-    pick = torch.arange(n) * R + j
+    pick = torch.arange(n, device=j.device) * R + j
     xb = best_x[pick]
     dist = metric.whiten((xb - flat0).double()).norm(dim=1)
     return AttackResult(xb.reshape(n, *shape), per_seed.max(1).values, dist, torch.stack(history))
@@ -152,6 +152,6 @@ def sample_in_ball(x0, radius, metric: Mahalanobis, n: int, seed: int = 0, box=N
     N, d = x0.shape
     seeds = x0.repeat_interleave(n, 0)
     rad = radius.repeat_interleave(n, 0)
-    w = _uniform_in_unit_ball(N * n, d, gen).to(x0.dtype) * rad[:, None]
+    w = _uniform_in_unit_ball(N * n, d, gen).to(x0) * rad[:, None]
     x = seeds + metric.unwhiten(w)
     return _feasible(x, seeds, rad, metric, box).reshape(N, n, d)

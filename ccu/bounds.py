@@ -101,13 +101,13 @@ def certified_radius(
     log_b = _log_b_functions(model, x0)
     target = float(model.log_lam) + math.log(level - 1.0) - math.log(M - level)
 
-    lo = torch.zeros(n, dtype=torch.float64)
+    lo = torch.zeros(n, dtype=torch.float64, device=model.metric.whitening.device)
     ok = log_b(lo) <= target
     if not bool(ok.any()):
         return lo
     # Bracket: double the upper end until b(hi) > target (b -> infinity as R -> infinity).
     # Centres with b(0) above the target keep lo = hi = 0 throughout.
-    hi = torch.where(ok, 1.0, 0.0).to(torch.float64)
+    hi = torch.where(ok, 1.0, 0.0).to(lo)
     for _ in range(1100):
         above = (log_b(hi) > target) | ~ok
         if bool(above.all()):
@@ -149,12 +149,12 @@ class Theorem1Terms:
 def nearest_training_point(metric, z: torch.Tensor, train_x, chunk: int = 4096):
     """``(min_i d(z, x_i), argmin_i)`` under ``metric``, chunked over the training set (float64)."""
     train = check_batch(as_tensor(train_x, "train_x"), metric.dim, "train_x")
-    wz = z.double() @ metric.whitening.double()
+    wz = whiten64(metric, z, metric.dim)
     W = metric.whitening.double()
-    best = torch.full((z.shape[0],), float("inf"), dtype=torch.float64)
-    arg = torch.zeros(z.shape[0], dtype=torch.long)
+    best = torch.full((z.shape[0],), float("inf"), dtype=torch.float64, device=W.device)
+    arg = torch.zeros(z.shape[0], dtype=torch.long, device=W.device)
     for start in range(0, train.shape[0], chunk):
-        wt = train[start : start + chunk].double() @ W
+        wt = train[start : start + chunk].to(W) @ W
         sq = squared_distances(wz, wt)
         val, j = sq.min(dim=1)
         better = val < best
@@ -194,7 +194,7 @@ def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False)
     l_star = (log_beta - 0.5 * d_out.square() / log_var_out.exp()).argmax(dim=1)
     nearest, i_star = nearest_training_point(model.metric, z, train_x)
     train = check_batch(as_tensor(train_x, "train_x"), model.dim, "train_x")
-    w_i = train[i_star].double() @ model.metric.whitening.double()
+    w_i = whiten64(model.metric, train[i_star.cpu()], model.dim)
     data_to_mean = (w_i - mu[k_star]).norm(dim=1)
     mean_to_mean = (mu[k_star] - nu[l_star]).norm(dim=1)
     delta = (log_var_out[l_star] - log_var_in[k_star]).exp() - 1.0

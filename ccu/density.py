@@ -105,11 +105,12 @@ class _GMMBallBounds(BallBounds):
         self.n = dist.shape[0]
 
     def upper(self, radius: torch.Tensor) -> torch.Tensor:
+        radius = radius.to(self.dist)
         closest = (self.dist - radius[:, None]).clamp_min(0.0)
         return torch.logsumexp(self.log_alpha - closest.square() / self.two_var, dim=1)
 
     def lower(self, radius: torch.Tensor) -> torch.Tensor:
-        farthest = self.dist + radius[:, None]
+        farthest = self.dist + radius.to(self.dist)[:, None]
         return torch.logsumexp(self.log_alpha - farthest.square() / self.two_var, dim=1)
 
 

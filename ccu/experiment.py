@@ -181,11 +181,12 @@ def adversarial_noise(
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
     model = runs["CCU"].method.model
     seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
-    radii = ccu.certified_radius(model, seeds, level=level)
-    bound = ccu.confidence_bound(model, seeds, radii)
+    radii = ccu.certified_radius(model, seeds, level=level).cpu()
+    bound = ccu.confidence_bound(model, seeds, radii).cpu()
     out = {"n_seeds": prof.n_seeds, "level": level, "radii": radii.numpy(), "bound": bound.numpy()}
     everything = torch.cat([data.train_x, data.test_x])
     nearest, _ = ccu.nearest_training_point(model.metric, seeds.reshape(len(seeds), -1), everything)
+    nearest = nearest.cpu()
     out["images_inside_balls"] = int((nearest <= radii).sum())
     ccu_conf = runs["CCU"].scores["test_confidence"]
     out["certified_auc"] = ev.strict_auc(ccu_conf, bound.numpy())
