@@ -25,14 +25,16 @@ class Profile:
     attack_restarts: int  # random restarts per seed (the paper: 50)
     n_rays: int  # rays walked away from the data in the Theorem 1 chapter
     grid: int  # resolution of the 2-D confidence maps
+    acet_steps: int = 40  # PGD steps of ACET's inner attack (the paper: 40)
+    ensemble: int = 5  # members of the deep ensemble (the paper: 5)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 PROFILES: dict[str, Profile] = {
-    "smoke": Profile("smoke", 30, 1500, 10, 40, 30, 3, 20, 120),
-    "cpu": Profile("cpu", 10, None, 100, 200, 100, 5, 100, 250),
+    "smoke": Profile("smoke", 30, 1500, 10, 40, 30, 3, 20, 120, acet_steps=10, ensemble=3),
+    "cpu": Profile("cpu", 10, None, 100, 200, 100, 5, 100, 250, acet_steps=10),
     "paper": Profile("paper", 100, None, 100, 200, 500, 50, 200, 400),
 }
 

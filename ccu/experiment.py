@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -109,18 +110,32 @@ def run_method(
     out.mkdir(parents=True, exist_ok=True)
     config = _config(dataset, method, prof, settings, seed, data)
     files = [out / n for n in ("config.json", "model.pt", "scores.npz", "metrics.json")]
+    stale = False
     if not retrain and all(f.exists() for f in files):
         saved = json.loads(files[0].read_text())
         if _same(saved, config):
-            m.load_state_dict(torch.load(files[1], map_location=device, weights_only=True))
-            with np.load(files[2]) as z:
-                scores = {k: z[k] for k in z.files}
-            return RunResult(m, saved, scores, json.loads(files[3].read_text()), out, True)
-    if retrain:
+            try:
+                m.load_state_dict(torch.load(files[1], map_location=device, weights_only=True))
+            except (RuntimeError, ValueError, KeyError) as exc:
+                warnings.warn(
+                    f"{files[1]} does not fit {method} ({exc}); retraining.", stacklevel=2
+                )
+                stale = True
+            else:
+                with np.load(files[2]) as z:
+                    scores = {k: z[k] for k in z.files}
+                return RunResult(m, saved, scores, json.loads(files[3].read_text()), out, True)
+    if retrain or stale:
         for f in [*files, out / "checkpoint.pt"]:
             f.unlink(missing_ok=True)
     start = time.perf_counter()
-    m.build(data)
+    if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
+        base = run_method(
+            dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed
+        )
+        m.build_from_base(base.method, data)
+    else:
+        m.build(data)
     history = m.fit(data, checkpoint=out / "checkpoint.pt")
     config["train_seconds"] = time.perf_counter() - start
     config["history"] = {"loss": history.loss, "accuracy": history.accuracy}

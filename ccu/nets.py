@@ -14,7 +14,9 @@ from torch import nn
 class MLP(nn.Module):
     """A plain ReLU network on flattened inputs (the "normal neural network" of Figure 1)."""
 
-    def __init__(self, in_features: int, num_classes: int, hidden: int = 100, depth: int = 2):
+    def __init__(
+        self, in_features: int, num_classes: int, hidden: int = 100, depth: int = 2, dropout=0.0
+    ):
         super().__init__()
         if depth < 1:
             raise ValueError("depth must be >= 1")
@@ -22,9 +24,15 @@ class MLP(nn.Module):
         width = in_features
         for _ in range(depth):
             layers += [nn.Linear(width, hidden), nn.ReLU()]
+            if dropout:
+                layers.append(nn.Dropout(dropout))
             width = hidden
         layers.append(nn.Linear(width, num_classes))
         self.net = nn.Sequential(*layers)
+
+    def penultimate(self, x):
+        """Features before the last linear layer (for Maha)."""
+        return self.net[:-1](x)
 
     def forward(self, x):
         return self.net(x)
@@ -33,7 +41,9 @@ class MLP(nn.Module):
 class LeNet(nn.Module):
     """The paper's LeNet: conv 5x5 (32, pad 2) - pool - conv 5x5 (64, pad 2) - pool - fc 1024 - fc M."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28):
+    def __init__(
+        self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28, dropout=0.0
+    ):
         super().__init__()
         side = image_size // 4
         self.features = nn.Sequential(
@@ -46,8 +56,15 @@ class LeNet(nn.Module):
             nn.Flatten(),
         )
         self.head = nn.Sequential(
-            nn.Linear(64 * side * side, 1024), nn.ReLU(), nn.Linear(1024, num_classes)
+            nn.Dropout(dropout),
+            nn.Linear(64 * side * side, 1024),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(1024, num_classes),
         )
+
+    def penultimate(self, x):
+        return self.head[:-1](self.features(x))
 
     def forward(self, x):
         return self.head(self.features(x))
@@ -74,8 +91,9 @@ class _BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     """ResNet18, CIFAR variant (3x3 stem, no max-pool), as used by the paper for 32x32 images."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3):
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, dropout=0.0):
         super().__init__()
+        self.dropout = nn.Dropout(dropout)
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
         )
@@ -86,9 +104,12 @@ class ResNet18(nn.Module):
         self.layers = nn.Sequential(*layers)
         self.head = nn.Linear(512, num_classes)
 
-    def forward(self, x):
+    def penultimate(self, x):
         out = self.layers(self.stem(x))
-        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1))
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1)
+
+    def forward(self, x):
+        return self.head(self.dropout(self.penultimate(x)))
 
 
 def make_classifier(kind: str, shape: tuple[int, ...], num_classes: int, **kwargs) -> nn.Module:
@@ -98,7 +119,7 @@ def make_classifier(kind: str, shape: tuple[int, ...], num_classes: int, **kwarg
     if kind == "lenet":
         if len(shape) != 3 or shape[1] != shape[2]:
             raise ValueError(f"LeNet needs square (C, H, W) images; got shape {shape}.")
-        return LeNet(num_classes, in_channels=shape[0], image_size=shape[1])
+        return LeNet(num_classes, in_channels=shape[0], image_size=shape[1], **kwargs)
     if kind == "resnet18":
-        return ResNet18(num_classes, in_channels=shape[0])
+        return ResNet18(num_classes, in_channels=shape[0], **kwargs)
     raise ValueError(f"unknown classifier {kind!r}; choose one of 'mlp', 'lenet', 'resnet18'.")

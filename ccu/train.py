@@ -36,6 +36,35 @@ class History:
     constraint_gap: list[float] = field(default_factory=list)
 
 
+class Objective:
+    """A training objective: ``(model, x_in, y_in, x_out, epoch) -> (loss, logits of x_in)``."""
+
+    uses_out = False
+
+    def __call__(self, model, x, y, z, epoch):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class _CrossEntropy(Objective):
+    def __call__(self, model, x, y, z, epoch):
+        logits = model(x)
+        return F.cross_entropy(logits, y), logits
+
+
+class _CCUObjective(Objective):
+    uses_out = True
+
+    def __call__(self, model, x, y, z, epoch):
+        loss = ccu_loss(model, x, y, z).loss
+        with torch.no_grad():
+            logits = model.logits(x)
+        return loss, logits
+
+
+cross_entropy_objective = _CrossEntropy()
+ccu_objective = _CCUObjective()
+
+
 class Trainer:
     """Fits a ``ccu.CCU`` (eq. "loss1") or any classifier returning logits (cross-entropy)."""
 
@@ -71,17 +100,34 @@ class Trainer:
             return torch.optim.SGD(groups, lr=s.lr, momentum=0.9)
         raise ValueError(f"unknown optimizer {s.optimizer!r}; choose 'adam' or 'sgd'.")
 
-    def fit(self, model: nn.Module, data: Dataset, checkpoint: str | Path | None = None) -> History:
+    def fit(
+        self,
+        model: nn.Module,
+        data: Dataset,
+        checkpoint: str | Path | None = None,
+        objective: Objective | None = None,
+    ) -> History:
         """Train ``model`` on ``data``. With ``checkpoint``, the model, optimiser, data-order and
         RNG states are saved after every epoch, and a run finding that file resumes from it:
-        a killed run ends with the same weights as an uninterrupted one (on the CPU)."""
+        a killed run ends with the same weights as an uninterrupted one (on the CPU).
+
+        ``objective`` (default: eq. "loss1" for a CCU model, cross-entropy otherwise) maps
+        ``(model, x_in, y_in, x_out, epoch)`` to ``(loss, logits of x_in)``; its attribute
+        ``uses_out`` says whether it needs out-batches."""
         model.to(self.device).train()
         opt = self._optimizer(model)
         milestones = sorted({max(1, round(m * self.epochs)) for m in self.settings.milestones})
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=0.1)
         is_ccu = isinstance(model, CCU)
+        if objective is None:
+            objective = ccu_objective if is_ccu else cross_entropy_objective
         loader = PairedLoader(
-            data, self.settings.batch_size, self.seed, self.settings.augment, is_ccu, self.device
+            data,
+            self.settings.batch_size,
+            self.seed,
+            self.settings.augment,
+            getattr(objective, "uses_out", False),
+            self.device,
         )
         torch.manual_seed(self.seed)
         if is_ccu:
@@ -99,13 +145,7 @@ class Trainer:
         for epoch in bar:
             tot_loss = tot_correct = tot_n = 0.0
             for x, y, z in loader:
-                if is_ccu:
-                    loss = ccu_loss(model, x, y, z).loss
-                    with torch.no_grad():
-                        logits = model.logits(x)
-                else:
-                    logits = model(x)
-                    loss = F.cross_entropy(logits, y)
+                loss, logits = objective(model, x, y, z, epoch)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

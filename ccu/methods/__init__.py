@@ -10,10 +10,26 @@ from __future__ import annotations
 
 from ccu.methods.base import BaseMethod, Method
 from ccu.methods.ccu_method import CCUMethod
+from ccu.methods.posthoc import MahaMethod, ODINMethod
+from ccu.methods.trained import ACET2Method, ACETMethod, DEMethod, EDLMethod, MCDMethod, OEMethod
 
-METHOD_ORDER = ("Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "OE", "CCU")
+METHOD_ORDER = ("Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU")
 
-METHODS: dict[str, type[Method]] = {"Base": BaseMethod, "CCU": CCUMethod}
+METHODS: dict[str, type[Method]] = {
+    m.name: m
+    for m in (
+        BaseMethod,
+        MCDMethod,
+        EDLMethod,
+        DEMethod,
+        ODINMethod,
+        MahaMethod,
+        ACETMethod,
+        ACET2Method,
+        OEMethod,
+        CCUMethod,
+    )
+}
 
 
 def get_method(name: str) -> type[Method]:

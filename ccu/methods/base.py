@@ -20,6 +20,7 @@ class Method:
     """
 
     name = "?"
+    needs_base = False  # True: built from a trained Base (ODIN, Maha) with build_from_base()
 
     def __init__(self, spec, settings: TrainSettings, profile: Profile, seed=0, device="cpu"):
         self.spec = spec
@@ -45,7 +46,13 @@ class Method:
     # -- training
     def fit(self, data, checkpoint=None) -> History:
         trainer = Trainer(self.profile.epochs, self.settings, self.seed, self.device, self.progress)
-        return trainer.fit(self._require_model(), data, checkpoint=checkpoint)
+        return trainer.fit(
+            self._require_model(), data, checkpoint=checkpoint, objective=self.objective()
+        )
+
+    def objective(self):
+        """The training objective (None: the trainer's default for the model)."""
+        return None
 
     # -- outputs
     def log_probs(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,264 @@
+"""Methods trained from scratch: OE, ACET (and ACET2), MCD, EDL and DE.
+
+Hyperparameters follow ``shared/docs/protocol.md``; where the CCU paper is silent, each method's
+own paper decides (noted per class).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ccu.data.ood import uniform_noise
+from ccu.losses import uniform_cross_entropy
+from ccu.methods.base import BaseMethod
+from ccu.train import History, Objective, Trainer
+
+
+# ----------------------------------------------------------------------------- OE / ACET
+class _OutlierExposure(Objective):
+    """Cross-entropy on in-batches + ``weight`` x cross-entropy to uniform on out-batches."""
+
+    uses_out = True
+
+    def __init__(self, weight: float):
+        self.weight = weight
+
+    def out_batch(self, model, z, epoch):
+        return z
+
+    def __call__(self, model, x, y, z, epoch):
+        z = self.out_batch(model, z, epoch)
+        logits = model(torch.cat([x, z]))
+        n = len(x)
+        loss = F.cross_entropy(logits[:n], y) + self.weight * uniform_cross_entropy(logits[n:])
+        return loss, logits[:n].detach()
+
+
+def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0, 1.0)):
+    """PGD in the l_inf ball of radius ``eps`` (and the box) maximising ``max_y log softmax``.
+
+    Start at a uniform point of the ball; signed-gradient steps of size 0.1 eps, x1.1 after an
+    improvement, /2 and backtrack after a failure (ACET's backtracking). Returns the best points.
+    """
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    start = z + eps * (2 * torch.rand(z.shape, generator=gen) - 1).to(z)
+    x = start.clamp(*box) if box else start
+
+    def conf(t):
+        t = t.detach().requires_grad_(True)
+        s = torch.log_softmax(model(t), 1).max(1).values
+        (g,) = torch.autograd.grad(s.sum(), t)
+        return s.detach(), g
+
+    score, grad = conf(x)
+    step = torch.full((len(z),) + (1,) * (z.ndim - 1), 0.1 * eps, device=z.device, dtype=z.dtype)
+    for _ in range(steps):
+        cand = torch.max(torch.min(x + step * grad.sign(), z + eps), z - eps)
+        if box:
+            cand = cand.clamp(*box)
+        s_new, g_new = conf(cand)
+        ok = (s_new >= score).view(-1, *([1] * (z.ndim - 1)))
+        x = torch.where(ok, cand, x)
+        grad = torch.where(ok, g_new, grad)
+        score = torch.where(ok.view(-1), s_new, score)
+        step = torch.where(ok, step * 1.1, step / 2)
+    model.train(was_training)
+    return x.detach()
+
+
+class _ACETObjective(_OutlierExposure):
+    def __init__(self, weight, eps, steps, from_noise: bool, seed: int, box):
+        super().__init__(weight)
+        self.eps, self.steps, self.from_noise, self.seed, self.box = (
+            eps,
+            steps,
+            from_noise,
+            seed,
+            box,
+        )
+        self.calls = 0
+
+    def out_batch(self, model, z, epoch):
+        self.calls += 1
+        if self.from_noise:  # ACET2: seeds from uniform noise instead of the out-distribution
+            z = uniform_noise(len(z), tuple(z.shape[1:]), self.seed * 100_003 + self.calls).to(z)
+        return linf_confidence_attack(
+            model, z, self.eps, self.steps, self.seed + self.calls, box=self.box
+        )
+
+
+class OEMethod(BaseMethod):
+    """Outlier Exposure (Hendrycks et al. 2019): uniform-label cross-entropy on out-batches,
+    weight 0.5 as in the OE paper."""
+
+    name = "OE"
+    weight = 0.5
+
+    def objective(self):
+        return _OutlierExposure(self.weight)
+
+
+class ACETMethod(BaseMethod):
+    """ACET (Hein et al. 2019): OE on out-batches pushed to maximal confidence by PGD
+    (l_inf eps 0.3, ``profile.acet_steps`` steps, backtracking), weight 1."""
+
+    name = "ACET"
+    from_noise = False
+
+    def objective(self):
+        return _ACETObjective(
+            1.0, 0.3, self.profile.acet_steps, self.from_noise, self.seed, self.spec.value_range
+        )
+
+
+class ACET2Method(ACETMethod):
+    """ACET2 (the paper's appendix): ACET with the attack's seeds drawn from uniform noise."""
+
+    name = "ACET2"
+    from_noise = True
+
+
+# ----------------------------------------------------------------------------- MCD
+class MCDMethod(BaseMethod):
+    """Monte-Carlo dropout (Gal & Ghahramani 2016): dropout 0.5 at train and test time, 7 passes.
+
+    Prediction: the mean softmax. Score: minus the summed variance of the softmax over the
+    passes (higher = more in-distribution). The paper uses VGG; we keep each dataset's network
+    with dropout before its last layers.
+    """
+
+    name = "MCD"
+    passes = 7
+    dropout = 0.5
+
+    def _classifier(self) -> nn.Module:
+        from ccu.nets import make_classifier
+
+        return make_classifier(
+            self.settings.classifier, self.spec.shape, self.spec.num_classes, dropout=self.dropout
+        )
+
+    def _passes(self, x):
+        model = self._require_model()
+        drops = [m for m in model.modules() if isinstance(m, nn.Dropout)]
+        states = [m.training for m in drops]
+        for m in drops:
+            m.train()  # dropout on; batch-norm layers keep their mode
+        try:
+            return torch.stack([torch.softmax(model(x), 1) for _ in range(self.passes)])
+        finally:
+            for m, s in zip(drops, states, strict=True):
+                m.train(s)
+
+    def log_probs(self, x):
+        return self._passes(x).mean(0).clamp_min(1e-30).log()
+
+    def score(self, x):
+        return -self._passes(x).var(0).sum(1)
+
+
+# ----------------------------------------------------------------------------- EDL
+def edl_probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """Expected class probabilities ``alpha / S`` with ``alpha = relu(logits) + 1``."""
+    alpha = F.relu(logits) + 1.0
+    return alpha / alpha.sum(1, keepdim=True)
+
+
+def edl_loss(logits: torch.Tensor, y: torch.Tensor, epoch: int, anneal_epochs: int = 10):
+    """Evidential loss (Sensoy et al. 2018, eq. 5 + the annealed KL term), batch mean.
+
+    ``sum_j (y_j - p_j)^2 + p_j (1 - p_j) / (S + 1)`` plus
+    ``min(1, epoch / anneal_epochs) * KL(Dir(alpha~) || Dir(1))`` with ``alpha~ = y + (1 - y) alpha``.
+    """
+    num_classes = logits.shape[1]
+    alpha = F.relu(logits) + 1.0
+    S = alpha.sum(1, keepdim=True)
+    p = alpha / S
+    onehot = F.one_hot(y, num_classes).to(logits)
+    mse = ((onehot - p) ** 2 + p * (1 - p) / (S + 1)).sum(1)
+    a = onehot + (1 - onehot) * alpha
+    sa = a.sum(1)
+    kl = (
+        torch.lgamma(sa)
+        - torch.lgamma(torch.tensor(float(num_classes), device=logits.device))
+        - torch.lgamma(a).sum(1)
+        + ((a - 1) * (torch.digamma(a) - torch.digamma(sa)[:, None])).sum(1)
+    )
+    coef = min(1.0, epoch / anneal_epochs)
+    return (mse + coef * kl).mean()
+
+
+class _EDLObjective(Objective):
+    def __call__(self, model, x, y, z, epoch):
+        logits = model(x)
+        return edl_loss(logits, y, epoch), logits.detach()
+
+
+class EDLMethod(BaseMethod):
+    """Evidential deep learning: Dirichlet outputs; confidence = max expected probability."""
+
+    name = "EDL"
+
+    def objective(self):
+        return _EDLObjective()
+
+    def log_probs(self, x):
+        return edl_probabilities(self._require_model()(x)).log()
+
+
+# ----------------------------------------------------------------------------- DE
+class _FGSMObjective(Objective):
+    """Cross-entropy on clean and FGSM-perturbed inputs (step 0.01), as in deep ensembles."""
+
+    def __init__(self, step=0.01, box=(0.0, 1.0)):
+        self.step, self.box = step, box
+
+    def __call__(self, model, x, y, z, epoch):
+        xr = x.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(F.cross_entropy(model(xr), y), xr)
+        x_adv = x + self.step * g.sign()
+        x_adv = (x_adv.clamp(*self.box) if self.box else x_adv).detach()
+        logits = model(torch.cat([x, x_adv]))
+        loss = F.cross_entropy(logits[: len(x)], y) + F.cross_entropy(logits[len(x) :], y)
+        return loss, logits[: len(x)].detach()
+
+
+class DEMethod(BaseMethod):
+    """Deep ensemble (Lakshminarayanan et al. 2017): ``profile.ensemble`` members (5 in the
+    paper), each trained with FGSM adversarial training; softmax outputs averaged."""
+
+    name = "DE"
+
+    def build(self, data) -> None:
+        members = []
+        for i in range(self.profile.ensemble):
+            torch.manual_seed(self.seed * 1000 + i)
+            members.append(self._classifier())
+        self.model = nn.ModuleList(members).to(self.device)
+
+    def skeleton(self, state: dict) -> None:
+        n = 1 + max(int(k.split(".")[0]) for k in state["model"])
+        self.model = nn.ModuleList([self._classifier() for _ in range(n)]).to(self.device)
+
+    def fit(self, data, checkpoint=None) -> History:
+        hist = History()
+        for i, member in enumerate(self._require_model()):
+            trainer = Trainer(
+                self.profile.epochs, self.settings, self.seed * 1000 + i, self.device, self.progress
+            )
+            ckpt = (
+                None if checkpoint is None else checkpoint.with_name(f"member{i}.{checkpoint.name}")
+            )
+            objective = _FGSMObjective(box=self.spec.value_range)
+            h = trainer.fit(member, data, checkpoint=ckpt, objective=objective)
+            hist.loss.extend(h.loss)
+            hist.accuracy.extend(h.accuracy)
+        return hist
+
+    def log_probs(self, x):
+        probs = torch.stack([torch.softmax(m(x), 1) for m in self._require_model()]).mean(0)
+        return probs.clamp_min(1e-30).log()
