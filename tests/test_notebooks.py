@@ -92,3 +92,25 @@ def test_ood_chapter_on_real_mnist(tmp_path, monkeypatch):
 def test_unknown_method_stops_the_chapter(tmp_path):
     with pytest.raises(papermill.PapermillExecutionError, match="unknown method 'XYZ'"):
         _run(tmp_path, "training", methods=["XYZ"])
+
+
+@pytest.mark.notebooks
+def test_adversarial_chapter_with_every_method(tmp_path, monkeypatch):
+    """Table 1 with all methods under the smoke profile (shortened by overrides)."""
+    from ccu.methods import METHODS
+
+    monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
+    methods = sorted(METHODS)
+    nb = _run(
+        tmp_path,
+        "adversarial_noise",
+        methods=methods,
+        overrides={"epochs": 5, "n_train": 500, "ensemble": 2, "acet_steps": 3},
+    )
+    glued = _glued(nb)
+    assert glued["adv_ccu_violations"] == "0"
+    assert float(glued["adv_sr_CCU"]) == 0.0
+    table = json.loads(
+        (tmp_path / "results" / "smoke" / "digits" / "adversarial" / "table1.json").read_text()
+    )
+    assert set(table["methods"]) == set(methods)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ccu.methods.base import BaseMethod, Method
 from ccu.methods.ccu_method import CCUMethod
+from ccu.methods.gan import GANMethod
 from ccu.methods.posthoc import MahaMethod, ODINMethod
 from ccu.methods.trained import ACET2Method, ACETMethod, DEMethod, EDLMethod, MCDMethod, OEMethod
 
@@ -22,6 +23,7 @@ METHODS: dict[str, type[Method]] = {
         MCDMethod,
         EDLMethod,
         DEMethod,
+        GANMethod,
         ODINMethod,
         MahaMethod,
         ACETMethod,

@@ -1,0 +1,145 @@
+"""Every method on `digits` (smoke) and method-specific checks."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ccu
+from ccu import experiment
+from ccu.data import load_dataset
+from ccu.methods import METHODS, get_method
+from ccu.methods.posthoc import MahaMethod, ODINMethod
+from ccu.methods.trained import edl_loss, linf_confidence_attack
+
+TRAINED = ["MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    data = load_dataset("digits").subset(600)
+    prof = ccu.get_profile("smoke", epochs=8, ensemble=2, acet_steps=5)
+    return root, data, prof
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_method_trains_saves_loads_and_separates_noise(setup, name):
+    root, data, prof = setup
+    run = experiment.run_method("digits", name, prof, data=data, root=root)
+    hist = run.config["history"]
+    if hist["loss"]:  # post-hoc methods calibrate instead of training
+        assert hist["loss"][-1] < hist["loss"][0]
+    assert run.metrics["test_error"] < 0.5
+    assert run.metrics["ood"]["uniform"]["auroc"] > 0.5, "inverted score?"
+    again = experiment.run_method("digits", name, prof, data=data, root=root)
+    assert again.loaded
+    torch.manual_seed(0)
+    a = again.method.evaluate(data.test_x[:40])
+    torch.manual_seed(0)
+    b = run.method.evaluate(data.test_x[:40])
+    np.testing.assert_allclose(a["score"].numpy(), b["score"].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_all_methods_are_registered_in_paper_order():
+    assert set(TRAINED + ["Base", "CCU"]) == set(METHODS)
+
+
+def _method(name, data, **kw):
+    prof = ccu.get_profile("smoke", **kw)
+    return get_method(name)(data.spec, ccu.train_settings("digits"), prof)
+
+
+def test_mcd_passes_differ_and_mean_is_predicted():
+    data = load_dataset("digits").subset(200)
+    m = _method("MCD", data)
+    m.build(data)
+    m.model.eval()
+    x = data.test_x[:10]
+    passes = m._passes(x)
+    assert passes.shape == (7, 10, 10)
+    assert not torch.allclose(passes[0], passes[1])  # dropout active at test time
+    torch.manual_seed(3)
+    lp = m.log_probs(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(lp.exp(), m._passes(x).mean(0))
+    assert not m.model.training  # dropout was switched back
+
+
+def test_edl_loss_against_hand_computation():
+    logits = torch.tensor([[2.0, -1.0, 0.5]])
+    y = torch.tensor([0])
+    alpha = torch.tensor([3.0, 1.0, 1.5])
+    S = alpha.sum()
+    p = alpha / S
+    t = torch.tensor([1.0, 0.0, 0.0])
+    mse = float(((t - p) ** 2 + p * (1 - p) / (S + 1)).sum())
+    a = torch.tensor([1.0, 1.0, 1.5])  # alpha~ = y + (1 - y) alpha
+    kl = (
+        math.lgamma(3.5)
+        - math.lgamma(3.0)
+        - sum(math.lgamma(v) for v in a.tolist())
+        + float(((a - 1) * (torch.digamma(a) - torch.digamma(a.sum()))).sum())
+    )
+    assert float(edl_loss(logits, y, epoch=0)) == pytest.approx(mse)
+    assert float(edl_loss(logits, y, epoch=5)) == pytest.approx(mse + 0.5 * kl)
+    assert float(edl_loss(logits, y, epoch=50)) == pytest.approx(mse + kl)
+
+
+class _TwoLogits(torch.nn.Module):
+    def forward(self, x):
+        return torch.stack([x[:, 0], -x[:, 0]], 1)
+
+
+def test_odin_calibration_picks_the_winning_pair():
+    """Logits (2 x0, -2 x0) with x0 >= 20 saturate the softmax at T = 1 (in- and out-points tie,
+    AUROC 1/2); a large temperature un-saturates it and separates them perfectly."""
+    data = load_dataset("moons").subset(200)
+    m = ODINMethod(data.spec, ccu.train_settings("moons"), ccu.get_profile("smoke"))
+    m.model = _TwoLogits()
+    gen = torch.Generator().manual_seed(0)
+    data.train_x = torch.cat([30 + 10 * torch.rand(300, 1, generator=gen), torch.zeros(300, 1)], 1)
+    data.out_x = torch.cat([20 + 5 * torch.rand(300, 1, generator=gen), torch.zeros(300, 1)], 1)
+    m.calibrate(data)
+    aucs = {tuple(c): a for c, a in m.calibration["grid"]}
+    assert len(aucs) == 10 * 21
+    assert aucs[(1, 0.0)] == pytest.approx(0.5)
+    assert m.temperature > 1 and m.calibration["auroc"] == pytest.approx(1.0)
+    assert aucs[(m.temperature, m.eps)] == max(aucs.values())
+
+
+def test_maha_distance_matches_direct_computation():
+    data = load_dataset("digits").subset(300)
+    base = _method("Base", data)
+    base.build(data)
+    m = MahaMethod(data.spec, ccu.train_settings("digits"), ccu.get_profile("smoke"))
+    m.build_from_base(base, data)
+    x = data.test_x[:5]
+    with torch.no_grad():
+        phi = m.model.penultimate(x).double()
+        P, mu = m.precision.double(), m.means.double()
+        direct = torch.stack([torch.stack([(p - c) @ P @ (p - c) for c in mu]) for p in phi])
+        got = m.distances(x).double()
+    torch.testing.assert_close(got, direct, rtol=1e-3, atol=1e-3)
+
+
+def test_de_members_differ():
+    data = load_dataset("digits").subset(200)
+    m = _method("DE", data, ensemble=3)
+    m.build(data)
+    w = [next(member.parameters()) for member in m.model]
+    assert not torch.equal(w[0], w[1]) and not torch.equal(w[1], w[2])
+
+
+def test_acet_inner_attack_raises_confidence():
+    torch.manual_seed(0)
+    model = ccu.MLP(64, 10, hidden=32)
+    z = torch.rand(20, 1, 8, 8)
+    before = torch.log_softmax(model(z), 1).max(1).values
+    x = linf_confidence_attack(model, z, eps=0.3, steps=20, seed=0)
+    after = torch.log_softmax(model(x), 1).max(1).values
+    assert bool((after >= before - 1e-6).all()) and float((after - before).mean()) > 0
+    assert float((x - z).abs().max()) <= 0.3 + 1e-6 and x.min() >= 0 and x.max() <= 1
+    assert F.softmax(model(x), 1).max(1).values.mean() > F.softmax(model(z), 1).max(1).values.mean()
