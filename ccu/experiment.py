@@ -128,6 +128,16 @@ def run_method(
     if retrain or stale:
         for f in [*files, out / "checkpoint.pt"]:
             f.unlink(missing_ok=True)
+    # A checkpoint is resumed only by the configuration that wrote it (recorded when training
+    # starts); any other configuration starts from scratch.
+    pending = out / "config.pending.json"
+    if pending.exists() and not _same(json.loads(pending.read_text()), config):
+        for f in out.glob("*checkpoint.pt"):
+            f.unlink()
+    elif not pending.exists():
+        for f in out.glob("*checkpoint.pt"):
+            f.unlink()
+    _write_json(pending, config)
     start = time.perf_counter()
     if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
         base = run_method(

@@ -95,18 +95,17 @@ def test_unknown_method_stops_the_chapter(tmp_path):
 
 
 @pytest.mark.notebooks
-def test_adversarial_chapter_with_every_method(tmp_path, monkeypatch):
-    """Table 1 with all methods under the smoke profile (shortened by overrides)."""
+def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
+    """The three experiment chapters with all methods, smoke profile shortened by overrides."""
     from ccu.methods import METHODS
 
     monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
     methods = sorted(METHODS)
-    nb = _run(
-        tmp_path,
-        "adversarial_noise",
-        methods=methods,
-        overrides={"epochs": 5, "n_train": 500, "ensemble": 2, "acet_steps": 3},
-    )
+    overrides = {"epochs": 5, "n_train": 500, "ensemble": 2, "acet_steps": 3}
+    nb = _run(tmp_path, "adversarial_noise", methods=methods, overrides=overrides)
+    # the other two experiment chapters load the runs the first one saved
+    for chapter in ("training", "ood_detection"):
+        _run(tmp_path, chapter, methods=methods, overrides=overrides)
     glued = _glued(nb)
     assert glued["adv_ccu_violations"] == "0"
     assert float(glued["adv_sr_CCU"]) == 0.0
