@@ -128,3 +128,13 @@ def test_report_tables_use_the_paper_numbers():
         {"min_confidence": 0.5, "n_below_1.1_over_M": 4}, "mnist-offline", 2000
     )
     assert row.loc["ours", "% < 1.1/M"] == 0.2 and row.loc["paper", "min p(y|x) %"] == 33.08
+
+
+def test_a_checkpoint_of_another_configuration_is_not_resumed(tmp_path):
+    data = load_dataset("digits").subset(200)
+    two = ccu.get_profile("smoke", epochs=2)
+    three = ccu.get_profile("smoke", epochs=3)
+    experiment.run_method("digits", "Base", two, data=data, root=tmp_path)
+    # a different configuration must start over, not resume (or choke on) the old checkpoint
+    run = experiment.run_method("digits", "Base", three, data=data, root=tmp_path)
+    assert not run.loaded and len(run.config["history"]["loss"]) == 3
