@@ -132,3 +132,12 @@ def load_reference(profile: str, dataset: str, root: Path | None = None) -> dict
     if (d / "table1.json").exists():
         out["table1"] = json.loads((d / "table1.json").read_text())
     return out
+
+
+def reference_or_none(profile: str, dataset: str, root: Path | None = None) -> dict | None:
+    """:func:`load_reference`, or ``None`` (saying why) when no reference results exist."""
+    try:
+        return load_reference(profile, dataset, root)
+    except FileNotFoundError as exc:
+        print(exc)
+        return None

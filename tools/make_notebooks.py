@@ -640,11 +640,7 @@ on the offline MNIST split; their provenance (commit, seed, data checksum, wall 
 config files.
 """),
     code("""
-try:
-    ref = report.load_reference("cpu", "mnist-offline")
-except FileNotFoundError as exc:
-    ref = None
-    print(exc)
+ref = report.reference_or_none("cpu", "mnist-offline")
 if ref:
     display(report.ood_table(ref["metrics"], "mnist-offline", "auroc"))
     display(report.ood_table(ref["metrics"], "mnist-offline", "aupr_in"))
@@ -742,11 +738,7 @@ if "CCU" in runs:
 """),
     md("## Reference run (`cpu` profile, real MNIST images)"),
     code("""
-try:
-    ref = report.load_reference("cpu", "mnist-offline")
-except FileNotFoundError as exc:
-    ref = None
-    print(exc)
+ref = report.reference_or_none("cpu", "mnist-offline")
 if ref and "table1" in ref:
     display(report.attack_table(ref["table1"], "mnist-offline"))
     display(report.p_stats_row(ref["metrics"]["CCU"], "mnist-offline", 2000))
