@@ -162,9 +162,20 @@ class MCDMethod(BaseMethod):
 
 
 # ----------------------------------------------------------------------------- EDL
+def edl_evidence(logits: torch.Tensor) -> torch.Tensor:
+    """Non-negative evidence from the network's outputs: ``softplus(logits)``.
+
+    Sensoy et al. use ReLU. With ReLU a class whose logit is negative on all of its examples gets
+    no gradient from the MSE term and stays dead: 10 epochs on mnist-offline gave 22.65% test
+    error (22% on digits after 60 epochs). Softplus, one of the evidence functions of the EDL
+    authors' code, gives 2.05% on mnist-offline and 5.5% on digits under the same settings.
+    """
+    return F.softplus(logits)
+
+
 def edl_probabilities(logits: torch.Tensor) -> torch.Tensor:
-    """Expected class probabilities ``alpha / S`` with ``alpha = relu(logits) + 1``."""
-    alpha = F.relu(logits) + 1.0
+    """Expected class probabilities ``alpha / S`` with ``alpha = evidence + 1``."""
+    alpha = edl_evidence(logits) + 1.0
     return alpha / alpha.sum(1, keepdim=True)
 
 
@@ -175,7 +186,7 @@ def edl_loss(logits: torch.Tensor, y: torch.Tensor, epoch: int, anneal_epochs: i
     ``min(1, epoch / anneal_epochs) * KL(Dir(alpha~) || Dir(1))`` with ``alpha~ = y + (1 - y) alpha``.
     """
     num_classes = logits.shape[1]
-    alpha = F.relu(logits) + 1.0
+    alpha = edl_evidence(logits) + 1.0
     S = alpha.sum(1, keepdim=True)
     p = alpha / S
     onehot = F.one_hot(y, num_classes).to(logits)
