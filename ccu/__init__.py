@@ -22,7 +22,7 @@ from ccu.model import CCU, ConstraintError
 from ccu.nets import MLP, LeNet, make_classifier
 from ccu.train import Trainer, accuracy
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CCU",

@@ -134,6 +134,15 @@ def load_reference(profile: str, dataset: str, root: Path | None = None) -> dict
     return out
 
 
+def reference_runs(profile: str, root: Path | None = None) -> dict[str, dict]:
+    """Every committed reference run of ``profile``, by dataset (mnist-offline first)."""
+    d = Path(root or REFERENCE_RESULTS) / profile
+    names = sorted(
+        (p.name for p in d.glob("*") if p.is_dir()), key=lambda n: (n != "mnist-offline", n)
+    )
+    return {n: load_reference(profile, n, root) for n in names}
+
+
 def reference_or_none(profile: str, dataset: str, root: Path | None = None) -> dict | None:
     """:func:`load_reference`, or ``None`` (saying why) when no reference results exist."""
     try:

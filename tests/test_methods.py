@@ -152,3 +152,35 @@ def test_acet_inner_attack_raises_confidence():
     assert bool((after >= before - 1e-6).all()) and float((after - before).mean()) > 0
     assert float((x - z).abs().max()) <= 0.3 + 1e-6 and x.min() >= 0 and x.max() <= 1
     assert F.softmax(model(x), 1).max(1).values.mean() > F.softmax(model(z), 1).max(1).values.mean()
+
+
+class _SteppedScore(ccu.methods.base.Method):
+    """A score with zero gradient (a staircase of the pixel sum); its surrogate is the sum itself."""
+
+    name = "Stepped"
+
+    def __init__(self):
+        self.device = torch.device("cpu")
+
+    def score(self, x):
+        return torch.floor(x.flatten(1).sum(1) / 4.0)
+
+    def attack_surrogate(self):
+        return lambda x: x.flatten(1).sum(1)
+
+
+def test_attack_uses_the_surrogate_and_judges_by_the_true_score():
+    from ccu.metric import Mahalanobis
+
+    m = _SteppedScore()
+    seeds = torch.full((6, 1, 4, 4), 0.3)
+    radii = torch.full((6,), 2.0, dtype=torch.float64)
+    metric = Mahalanobis.identity(16)
+    direct = ccu.ball_attack(m.score, seeds, radii.float(), metric, steps=30, restarts=1)
+    res, won = experiment.attack_method(m, seeds, radii, metric, steps=30, restarts=1)
+    assert won == 6  # the staircase gives the direct attack nothing to climb
+    assert bool((res.score > direct.score).all())
+    torch.testing.assert_close(res.score, m.score(res.x))  # reported = true score of the point
+    assert bool((res.distance <= radii + 1e-6).all())
+    for name in ("ODIN", "Maha"):  # the pre-processing methods offer their raw score
+        assert get_method(name).attack_surrogate is not ccu.methods.base.Method.attack_surrogate

@@ -633,19 +633,19 @@ glue("ood_base_uniform", 100 * metrics["Base"]["ood"]["uniform"]["auroc"] if "Ba
 On uniform noise, CCU reaches an AUROC of {glue:text}`ood_ccu_uniform:.1f`% against Base's
 {glue:text}`ood_base_uniform:.1f`%.
 
-## Reference run (`cpu` profile, real MNIST images)
+## Reference runs (`cpu` profile, real images)
 
-The committed reference results (`reference-results/cpu/mnist-offline/`) come from the `cpu` profile
-on the offline MNIST split; their provenance (commit, seed, data checksum, wall time) is in the
-config files.
+The committed reference results (`reference-results/cpu/<dataset>/`) come from the `cpu` profile
+on the offline MNIST split (and, where a GPU was lent, on the offline CIFAR-10 subset); their
+provenance (commit, seed, device, data checksum, wall time) is in the config files.
 """),
     code("""
-ref = report.reference_or_none("cpu", "mnist-offline")
-if ref:
-    display(report.ood_table(ref["metrics"], "mnist-offline", "auroc"))
-    display(report.ood_table(ref["metrics"], "mnist-offline", "aupr_in"))
+for ref_dataset, ref in report.reference_runs("cpu").items():
     cfg = next(iter(ref["config"].values()))
-    print(f"profile {cfg['profile']['name']}, seed {cfg['seed']}, commit {cfg.get('commit', '?')[:10]}, data sha256 {cfg['data_checksum'][:12]}...")
+    print(f"{ref_dataset}: profile {cfg['profile']['name']}, seed {cfg['seed']}, device {cfg.get('device', '?')}, "
+          f"commit {cfg.get('commit', '?')[:10]}, data sha256 {cfg['data_checksum'][:12]}...")
+    display(report.ood_table(ref["metrics"], ref_dataset, "auroc"))
+    display(report.ood_table(ref["metrics"], ref_dataset, "aupr_in"))
 """),
     md("""
 ## Summary
@@ -736,15 +736,21 @@ Training or test images inside a certified ball: {glue:text}`adv_images_inside`.
 if "CCU" in runs:
     display(report.p_stats_row(runs["CCU"].metrics, dataset, len(data.test_x)))
 """),
-    md("## Reference run (`cpu` profile, real MNIST images)"),
+    md("""
+## Reference runs (`cpu` profile, real images)
+
+Methods with a signed-gradient pre-processing (ODIN, Maha) are attacked twice: on their score and on
+their score without the pre-processing (a smoother surrogate); per seed the point with the higher true
+score counts (`seeds_won_by_surrogate` in `table1.json`).
+"""),
     code("""
-ref = report.reference_or_none("cpu", "mnist-offline")
-if ref and "table1" in ref:
-    display(report.attack_table(ref["table1"], "mnist-offline"))
-    display(report.p_stats_row(ref["metrics"]["CCU"], "mnist-offline", 2000))
+for ref_dataset, ref in report.reference_runs("cpu").items():
     t1 = ref["table1"]
-    print(f"median certified radius {t1['median_radius']:.1f}; images inside balls: {t1['images_inside_balls']}; "
-          f"CCU bound violations: {t1.get('ccu_bound_violations')}; certified AUC {100 * t1['certified_auc']:.2f}%")
+    print(f"{ref_dataset} ({t1.get('device_name', 'cpu')}): median certified radius {t1['median_radius']:.1f}; "
+          f"images inside balls: {t1['images_inside_balls']}; CCU bound violations: {t1.get('ccu_bound_violations')}; "
+          f"certified AUC {100 * t1['certified_auc']:.2f}%; skipped for time: {t1.get('skipped_for_time') or 'none'}")
+    display(report.attack_table(t1, ref_dataset))
+    display(report.p_stats_row(ref["metrics"]["CCU"], ref_dataset, ref["metrics"]["CCU"]["n_test"]))
 """),
     md("""
 ## Summary

@@ -2,6 +2,10 @@
 result files (JSON/CSV with provenance) into ``reference-results/<profile>/<dataset>/``.
 
 Usage: python tools/reference_run.py --dataset mnist-offline --profile cpu --methods Base CCU
+
+With ``--budget-seconds`` the methods are trained in the order given until that much time has
+passed; the rest are skipped and listed in ``table1.json`` (``skipped_for_time``). CCU is always
+trained first: its certified balls define the attack. ``tools/device_run.sh`` runs this on a GPU.
 """
 
 from __future__ import annotations
@@ -30,14 +34,19 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--budget-seconds", type=float, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     data = load_dataset(args.dataset, seed=args.seed).subset(get_profile(args.profile).n_train)
-    runs = {
-        m: E.run_method(args.dataset, m, args.profile, args.seed, args.device, data=data)
-        for m in args.methods
-    }
+    order = ["CCU"] + [m for m in args.methods if m != "CCU"]
+    runs, skipped = {}, []
+    for m in order:
+        if args.budget_seconds and time.perf_counter() - start > args.budget_seconds:
+            skipped.append(m)
+            continue
+        runs[m] = E.run_method(args.dataset, m, args.profile, args.seed, args.device, data=data)
+        print(f"{m}: trained in {time.perf_counter() - start:.0f} s from the start", flush=True)
     adv = E.adversarial_noise(runs, data, args.profile, args.seed)
     out = ROOT / "reference-results" / args.profile / args.dataset
     out.mkdir(parents=True, exist_ok=True)
@@ -50,7 +59,14 @@ def main():
         (out / f"{name}.metrics.json").write_text(json.dumps(run.metrics, indent=2))
     adv_dir = E.RESULTS_ROOT / args.profile / args.dataset / "adversarial"
     table1 = json.loads((adv_dir / "table1.json").read_text())
-    table1.update(commit=commit, wall_seconds_total=time.perf_counter() - start)
+    table1.update(
+        commit=commit,
+        wall_seconds_total=time.perf_counter() - start,
+        device=args.device,
+        device_name=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        torch_version=torch.__version__,
+        skipped_for_time=skipped,
+    )
     (out / "table1.json").write_text(json.dumps(table1, indent=2))
     np.savetxt(out / "radii.csv", adv["radii"], fmt="%.6g", header="certified radius per seed")
     np.savez_compressed(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -29,7 +31,8 @@ class Method:
         self.seed = seed
         self.device = torch.device(device)
         self.model: nn.Module | None = None
-        self.progress = True
+        # progress bars (tqdm); CCU_PROGRESS=0 turns them off, e.g. for logs of long runs
+        self.progress = os.environ.get("CCU_PROGRESS", "1") != "0"
 
     # -- construction
     def build(self, data) -> None:  # pragma: no cover - interface
@@ -62,6 +65,15 @@ class Method:
     def score(self, x: torch.Tensor) -> torch.Tensor:
         """Differentiable OOD score, higher = in-distribution (default: log max probability)."""
         return self.log_probs(x).max(dim=1).values
+
+    def attack_surrogate(self):
+        """A smoother function for the attack to climb, or None (the attack climbs ``score``).
+
+        Methods with a signed-gradient input pre-processing (ODIN, Maha) return their score
+        without it: the sign pattern changes from step to step, so the attack's backtracking stalls
+        on the true score. The points found are always judged by the true ``score``
+        (see ``ccu.experiment.adversarial_noise``, chapter "Adversarial noise")."""
+        return None
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.log_probs(x).argmax(dim=1)

@@ -109,6 +109,9 @@ class ODINMethod(_PostHoc):
     def score(self, x):
         return self._score(x, self.temperature, self.eps)
 
+    def attack_surrogate(self):
+        return lambda x: self._log_conf(x, self.temperature)
+
     def state_dict(self):
         return dict(super().state_dict(), temperature=float(self.temperature), eps=float(self.eps))
 
@@ -163,6 +166,9 @@ class MahaMethod(_PostHoc):
 
     def score(self, x):
         return self._score(x, self.eps)
+
+    def attack_surrogate(self):
+        return self._raw_score
 
     def log_probs(self, x):
         return torch.log_softmax(self._require_model()(x), 1)

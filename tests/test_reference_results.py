@@ -1,0 +1,49 @@
+"""The committed reference results: complete, consistent and readable by the chapters."""
+
+import numpy as np
+import pytest
+
+import ccu
+from ccu import report
+from ccu.methods import METHOD_ORDER
+
+REFS = report.reference_runs("cpu")
+
+
+def test_the_mnist_reference_covers_every_method():
+    ref = REFS["mnist-offline"]
+    assert set(ref["metrics"]) == set(METHOD_ORDER)
+    assert set(ref["table1"]["methods"]) == set(METHOD_ORDER)
+    assert ref["table1"].get("skipped_for_time", []) == []
+
+
+@pytest.mark.parametrize("dataset", sorted(REFS))
+def test_reference_runs_are_consistent(dataset):
+    ref = REFS[dataset]
+    t1 = ref["table1"]
+    assert t1["ccu_bound_violations"] == 0, "a certificate was beaten"
+    assert t1["images_inside_balls"] == 0
+    assert set(t1["methods"]) == set(ref["metrics"]) == set(ref["config"])
+    for name, row in t1["methods"].items():
+        assert 0.0 <= row["SR"] <= 1.0 and 0.0 <= row["AUC"] <= 1.0
+        assert row["TE"] == pytest.approx(ref["metrics"][name]["test_error"])
+        assert row["max_distance_over_radius"] <= 1.0 + 1e-5, f"{name}: attack left its ball"
+        cfg = ref["config"][name]
+        assert cfg["dataset"] == dataset and cfg["method"] == name
+        assert cfg["ccu_version"] == t1_version(ref) and len(cfg["data_checksum"]) == 64
+    assert t1["methods"]["CCU"]["SR"] == 0.0
+    radii = np.loadtxt(ref["directory"] / "radii.csv")
+    assert len(radii) == t1["n_seeds"] and np.median(radii) == pytest.approx(t1["median_radius"])
+    table = report.attack_table(t1, dataset)
+    assert len(table) > 0
+
+
+def t1_version(ref):
+    versions = {c["ccu_version"] for c in ref["config"].values()}
+    assert len(versions) == 1, f"reference runs mix library versions {versions}"
+    return versions.pop()
+
+
+def test_reference_runs_come_from_this_library_version():
+    for dataset, ref in REFS.items():
+        assert t1_version(ref) == ccu.__version__, f"{dataset}: rerun tools/reference_run.py"
