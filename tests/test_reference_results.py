@@ -33,7 +33,9 @@ def test_reference_runs_are_consistent(dataset):
         assert cfg["ccu_version"] == t1_version(ref) and len(cfg["data_checksum"]) == 64
     assert t1["methods"]["CCU"]["SR"] == 0.0
     radii = np.loadtxt(ref["directory"] / "radii.csv")
-    assert len(radii) == t1["n_seeds"] and np.median(radii) == pytest.approx(t1["median_radius"])
+    assert len(radii) == t1["n_seeds"] and np.median(radii) == pytest.approx(
+        t1["median_radius"], rel=1e-4
+    )
     table = report.attack_table(t1, dataset)
     assert len(table) > 0
 
