@@ -184,3 +184,25 @@ def test_attack_uses_the_surrogate_and_judges_by_the_true_score():
     assert bool((res.distance <= radii + 1e-6).all())
     for name in ("ODIN", "Maha"):  # the pre-processing methods offer their raw score
         assert get_method(name).attack_surrogate is not ccu.methods.base.Method.attack_surrogate
+
+
+def test_vgg13_for_the_paper_profile_methods():
+    """The paper gives MCD and GAN a VGG; the `paper` profile (or `vgg_methods`) does too."""
+    from ccu.nets import VGG13
+
+    assert ccu.get_profile("paper").vgg_methods == ("MCD", "GAN")
+    data = load_dataset("digits").subset(100)
+    prof = ccu.get_profile("smoke", vgg_methods=["MCD"])  # a list, as papermill passes JSON
+    mcd = get_method("MCD")(data.spec, ccu.train_settings("digits"), prof)
+    mcd.build(data)
+    assert isinstance(mcd.model, VGG13) and mcd.network_kind() == "vgg13"
+    assert any(isinstance(m, torch.nn.Dropout) and m.p == 0.5 for m in mcd.model.modules())
+    base = get_method("Base")(data.spec, ccu.train_settings("digits"), prof)
+    base.build(data)
+    assert not isinstance(base.model, VGG13)
+    for shape in [(1, 28, 28), (3, 32, 32), (1, 8, 8)]:
+        net = ccu.nets.make_classifier("vgg13", shape, 10).eval()
+        x = torch.rand(2, *shape)
+        assert net(x).shape == (2, 10) and net.penultimate(x).shape == (2, 512)
+    with pytest.raises(ValueError, match="vgg13"):
+        ccu.nets.make_classifier("vgg", (3, 32, 32), 10)

@@ -110,8 +110,13 @@ class BaseMethod(Method):
 
     name = "Base"
 
+    def network_kind(self) -> str:
+        """The classifier's architecture: VGG13 where the profile asks for it (the paper's MCD and
+        GAN), else the dataset's network."""
+        return "vgg13" if self.name in self.profile.vgg_methods else self.settings.classifier
+
     def _classifier(self) -> nn.Module:
-        return make_classifier(self.settings.classifier, self.spec.shape, self.spec.num_classes)
+        return make_classifier(self.network_kind(), self.spec.shape, self.spec.num_classes)
 
     def build(self, data) -> None:
         torch.manual_seed(self.seed)

@@ -2,8 +2,9 @@
 
 A generator is pushed towards the boundary of the in-distribution (it must fool the discriminator
 while the classifier is uniform on its samples); the classifier is trained with cross-entropy on
-in-data plus ``beta`` x KL(uniform || p(y|G(z))) on generated samples. The paper uses VGG for this
-method; we keep each dataset's classifier and use small fully connected G and D.
+in-data plus ``beta`` x KL(uniform || p(y|G(z))) on generated samples. The paper's classifier is a
+VGG: the ``paper`` profile (or ``vgg_methods``) gives it VGG13, the others keep the dataset's
+network. G and D are small fully connected networks.
 """
 
 from __future__ import annotations

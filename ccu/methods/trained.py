@@ -127,8 +127,9 @@ class MCDMethod(BaseMethod):
     """Monte-Carlo dropout (Gal & Ghahramani 2016): dropout 0.5 at train and test time, 7 passes.
 
     Prediction: the mean softmax. Score: minus the summed variance of the softmax over the
-    passes (higher = more in-distribution). The paper uses VGG; we keep each dataset's network
-    with dropout before its last layers.
+    passes (higher = more in-distribution). The paper uses VGG13 (profile ``vgg_methods``; the
+    ``paper`` profile sets it); the other profiles keep the dataset's network, with dropout before
+    its last layers.
     """
 
     name = "MCD"
@@ -139,7 +140,7 @@ class MCDMethod(BaseMethod):
         from ccu.nets import make_classifier
 
         return make_classifier(
-            self.settings.classifier, self.spec.shape, self.spec.num_classes, dropout=self.dropout
+            self.network_kind(), self.spec.shape, self.spec.num_classes, dropout=self.dropout
         )
 
     def _passes(self, x):
