@@ -130,6 +130,19 @@ def test_report_tables_use_the_paper_numbers():
     assert row.loc["ours", "% < 1.1/M"] == 0.2 and row.loc["paper", "min p(y|x) %"] == 33.08
 
 
+def test_acet2_paper_numbers_come_from_the_appendix_tables():
+    t1 = {"methods": {"ACET2": {"TE": 0.01, "SR": 0.5, "AUC": 0.5}}}
+    t = report.attack_table(t1, "cifar10-offline")
+    acet2 = report.paper_table("table_acet2_adversarial_noise")
+    want = acet2[(acet2.dataset == "CIFAR10") & (acet2.metric == "SR")].ACET2.iloc[0]
+    assert t.loc["SR", ("ACET2", "paper")] == float(want)
+    metrics = {"ACET2": {"ood": {"noise": {"auroc": 0.9}}}}
+    t = report.ood_table(metrics, "mnist-offline", "auroc")
+    auc = report.paper_table("table_acet2_ood_auc")
+    want = auc[(auc.in_dataset == "MNIST") & (auc.ood_dataset == "Noise")].ACET2.iloc[0]
+    assert t.loc["Noise", ("ACET2", "paper")] == float(want)
+
+
 def test_a_checkpoint_of_another_configuration_is_not_resumed(tmp_path):
     data = load_dataset("digits").subset(200)
     two = ccu.get_profile("smoke", epochs=2)
