@@ -502,6 +502,7 @@ from ccu import experiment, report
 from ccu.data import load_dataset
 from ccu.methods import get_method, ordered
 
+pd.set_option("display.max_columns", None)  # all eleven methods side by side, ours | paper
 prof = ccu.get_profile(profile, **overrides)  # unknown profiles raise a clear error
 methods = ordered(methods)
 for name in methods:
@@ -766,6 +767,8 @@ def main():
     for name, cells in chapters.items():
         nb = nbf.v4.new_notebook()
         nb.cells = cells
+        for i, cell in enumerate(cells):  # stable ids: regenerating gives a clean diff
+            cell["id"] = f"{name}-{i:02d}"
         nb.metadata["kernelspec"] = {
             "name": "python3",
             "display_name": "Python 3",
