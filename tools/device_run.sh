@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reference runs on a lent GPU machine (its own python3 with PyTorch; the project on PYTHONPATH).
 # Usage: bash tools/device_run.sh smoke|mnist|cifar [budget seconds for cifar]
-# Needs the offline mirrors in $CCU_OFFLINE_DATA (default .devdata/, a copy of ../shared/data).
+# Needs the offline mirrors in $CCU_OFFLINE_DATA (default .devdata/: `cp -r ../shared/data .devdata`,
+# git-ignored; pass it in the device call's carry list, since ../shared does not travel).
 # Writes $OUT/<stage>.tgz with reference-results/ and the logs.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg CCU_PROGRESS=0

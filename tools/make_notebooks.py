@@ -495,6 +495,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+from IPython.display import Markdown
 from myst_nb import glue
 
 import ccu
@@ -643,8 +644,8 @@ provenance (commit, seed, device, data checksum, wall time) is in the config fil
     code("""
 for ref_dataset, ref in report.reference_runs("cpu").items():
     cfg = next(iter(ref["config"].values()))
-    print(f"{ref_dataset}: profile {cfg['profile']['name']}, seed {cfg['seed']}, device {cfg.get('device', '?')}, "
-          f"commit {cfg.get('commit', '?')[:10]}, data sha256 {cfg['data_checksum'][:12]}...")
+    display(Markdown(f"**{ref_dataset}**: profile `{cfg['profile']['name']}`, seed {cfg['seed']}, device {cfg.get('device', '?')}, "
+                     f"commit `{cfg.get('commit', '?')[:10]}`, data sha256 `{cfg['data_checksum'][:12]}...`"))
     display(report.ood_table(ref["metrics"], ref_dataset, "auroc"))
     display(report.ood_table(ref["metrics"], ref_dataset, "aupr_in"))
 """),
@@ -747,9 +748,9 @@ score counts (`seeds_won_by_surrogate` in `table1.json`).
     code("""
 for ref_dataset, ref in report.reference_runs("cpu").items():
     t1 = ref["table1"]
-    print(f"{ref_dataset} ({t1.get('device_name', 'cpu')}): median certified radius {t1['median_radius']:.1f}; "
-          f"images inside balls: {t1['images_inside_balls']}; CCU bound violations: {t1.get('ccu_bound_violations')}; "
-          f"certified AUC {100 * t1['certified_auc']:.2f}%; skipped for time: {t1.get('skipped_for_time') or 'none'}")
+    display(Markdown(f"**{ref_dataset}** ({t1.get('device_name', 'cpu')}): median certified radius {t1['median_radius']:.1f}; "
+                     f"images inside balls: {t1['images_inside_balls']}; CCU bound violations: {t1.get('ccu_bound_violations')}; "
+                     f"certified AUC {100 * t1['certified_auc']:.2f}%; skipped for time: {t1.get('skipped_for_time') or 'none'}"))
     display(report.attack_table(t1, ref_dataset))
     display(report.p_stats_row(ref["metrics"]["CCU"], ref_dataset, ref["metrics"]["CCU"]["n_test"]))
 """),
