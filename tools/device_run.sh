@@ -3,7 +3,8 @@
 # Usage: bash tools/device_run.sh smoke|mnist|cifar [budget seconds for cifar]
 # Needs the offline mirrors in $CCU_OFFLINE_DATA (default .devdata/: `cp -r ../shared/data .devdata`,
 # git-ignored; pass it in the device call's carry list, since ../shared does not travel).
-# Writes $OUT/<stage>.tgz with reference-results/ and the logs.
+# Writes $OUT/<stage>.tgz with reference-results/ and the logs. Set CCU_COMMIT=<sha> when the
+# copied tree's .git is not current (the results record the commit).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg CCU_PROGRESS=0
 export CCU_OFFLINE_DATA=${CCU_OFFLINE_DATA:-$PWD/.devdata} CCU_RESULTS=${CCU_RESULTS:-/tmp/ccu-results}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -50,9 +51,13 @@ def main():
     adv = E.adversarial_noise(runs, data, args.profile, args.seed)
     out = ROOT / "reference-results" / args.profile / args.dataset
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    # CCU_COMMIT names the commit where git cannot (a copied tree whose .git is not current)
+    commit = (
+        os.environ.get("CCU_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+    )
     for name, run in runs.items():
         cfg = dict(run.config, commit=commit, device=args.device)
         (out / f"{name}.config.json").write_text(json.dumps(cfg, indent=2, default=str))
