@@ -109,9 +109,7 @@ def run_method(
     m = cls(data.spec, settings, prof, seed=seed, device=device)
     out = results_dir(prof.name, dataset, method, root)
     out.mkdir(parents=True, exist_ok=True)
-    config = _config(dataset, method, prof, settings, seed, data)
-    if hasattr(m, "network_kind"):
-        config["network"] = m.network_kind()
+    config = dict(_config(dataset, method, prof, settings, seed, data), network=m.network_kind())
     files = [out / n for n in ("config.json", "model.pt", "scores.npz", "metrics.json")]
     stale = False
     if not retrain and all(f.exists() for f in files):

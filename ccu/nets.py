@@ -1,7 +1,8 @@
 """Classifiers: the paper's LeNet (MNIST-shaped inputs), ResNet18 (32x32 colour), VGG13 (the
 network the paper gives MCD and GAN) and a ReLU MLP.
 
-All return logits. Chosen per dataset by :func:`ccu.config.classifier_for`.
+All return logits. Chosen by name with :func:`make_classifier` (the dataset's ``TrainSettings``
+name one; the profile's ``vgg_methods`` pick VGG13).
 """
 
 from __future__ import annotations

@@ -46,6 +46,11 @@ class Method:
             raise RuntimeError(f"{self.name}: build() or load_state_dict() first.")
         return self.model
 
+    def network_kind(self) -> str:
+        """The classifier's architecture: VGG13 where the profile asks for it (the paper's MCD and
+        GAN), else the dataset's network."""
+        return "vgg13" if self.name in self.profile.vgg_methods else self.settings.classifier
+
     # -- training
     def fit(self, data, checkpoint=None) -> History:
         trainer = Trainer(self.profile.epochs, self.settings, self.seed, self.device, self.progress)
@@ -110,13 +115,10 @@ class BaseMethod(Method):
 
     name = "Base"
 
-    def network_kind(self) -> str:
-        """The classifier's architecture: VGG13 where the profile asks for it (the paper's MCD and
-        GAN), else the dataset's network."""
-        return "vgg13" if self.name in self.profile.vgg_methods else self.settings.classifier
-
-    def _classifier(self) -> nn.Module:
-        return make_classifier(self.network_kind(), self.spec.shape, self.spec.num_classes)
+    def _classifier(self, **kwargs) -> nn.Module:
+        return make_classifier(
+            self.network_kind(), self.spec.shape, self.spec.num_classes, **kwargs
+        )
 
     def build(self, data) -> None:
         torch.manual_seed(self.seed)

@@ -136,12 +136,8 @@ class MCDMethod(BaseMethod):
     passes = 7
     dropout = 0.5
 
-    def _classifier(self) -> nn.Module:
-        from ccu.nets import make_classifier
-
-        return make_classifier(
-            self.network_kind(), self.spec.shape, self.spec.num_classes, dropout=self.dropout
-        )
+    def _classifier(self, **kwargs) -> nn.Module:
+        return super()._classifier(dropout=self.dropout, **kwargs)
 
     def _passes(self, x):
         model = self._require_model()
