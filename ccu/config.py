@@ -53,6 +53,13 @@ def get_profile(name: str, **overrides) -> Profile:
         )
     if "vgg_methods" in overrides:  # from JSON (papermill) it arrives as a list
         overrides["vgg_methods"] = tuple(overrides["vgg_methods"])
+        from ccu.methods import METHOD_ORDER  # here: ccu.methods itself imports this module
+
+        bad = sorted(set(overrides["vgg_methods"]) - set(METHOD_ORDER))
+        if bad:
+            raise ValueError(
+                f"vgg_methods names unknown methods {bad}; choose from {list(METHOD_ORDER)}."
+            )
     return replace(PROFILES[name], **overrides) if overrides else PROFILES[name]
 
 

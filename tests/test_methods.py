@@ -206,3 +206,5 @@ def test_vgg13_for_the_paper_profile_methods():
         assert net(x).shape == (2, 10) and net.penultimate(x).shape == (2, 512)
     with pytest.raises(ValueError, match="vgg13"):
         ccu.nets.make_classifier("vgg", (3, 32, 32), 10)
+    with pytest.raises(ValueError, match="unknown methods \\['MDC'\\]"):
+        ccu.get_profile("smoke", vgg_methods=["MDC"])
