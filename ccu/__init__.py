@@ -5,9 +5,13 @@ The book in ``book/`` explains every piece; docstrings name the chapter.
 
 from ccu.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
 from ccu.bounds import (
+    CertificateCheck,
     Theorem1Terms,
+    certified_mask,
     certified_radius,
+    check_certificate,
     confidence_bound,
+    float32_deviation,
     log_ratio_bound,
     nearest_training_point,
     theorem1_distance,
@@ -30,6 +34,7 @@ __all__ = [
     "PROFILES",
     "AttackResult",
     "BallBounds",
+    "CertificateCheck",
     "ConstraintError",
     "DensityModel",
     "GaussianMixture",
@@ -42,7 +47,10 @@ __all__ = [
     "accuracy",
     "ball_attack",
     "ccu_loss",
+    "certified_mask",
     "certified_radius",
+    "check_certificate",
+    "float32_deviation",
     "confidence_bound",
     "confidence_score",
     "get_profile",

@@ -4,8 +4,10 @@ Maximises a differentiable score (for a classifier: its confidence) over
 ``{x : d(x, x0) <= R} ∩ [lo, hi]^D``. Steps are l2-normalised gradient steps in whitened
 coordinates (where the ball is round), followed by the projection onto the ball, clipping to the
 box and a scaling towards the seed ``x0 + t (x - x0)``: the box is convex and holds ``x0``, so
-the scaled point lies in both sets. Every iterate is feasible, so the best one is a valid
-worst case. Step size: start 3, x1.1 after an improving step, /2 and backtrack after a failed one
+the scaled point lies in both sets. Iterates are kept feasible in the working dtype; the returned
+points are then made feasible *exactly* (:func:`project_exact`): in float64, on the value the
+point has in its own dtype, since float32 rounding magnified by the whitening (hundreds of times
+for images) can otherwise leave the ball. Step size: start 3, x1.1 after an improving step, /2 and backtrack after a failed one
 (appendix "Attack details"). All restarts of all seeds run in one batch.
 
 Explained in the book chapter *Corollary 1 and the certified radius*.
@@ -47,6 +49,51 @@ def _feasible(x, x0, radius, metric, box):
     return x0 + delta * scale[:, None]
 
 
+def project_exact(x, x0, radius, metric: Mahalanobis, box=(0.0, 1.0), max_tries: int = 64):
+    """Make each point of ``x`` (N, D) exactly feasible; returns ``(points, distances)``.
+
+    The point is scaled towards its seed (``x0 + t (x - x0)``, ``t <= 1``) in float64, cast to the
+    dtype of ``x``, clipped to the box, and its distance to the seed is checked in float64 on the
+    cast value; while it lies outside the ball ``t`` shrinks (by ``R / d`` and a margin that
+    doubles each try). A point that cannot be made feasible that way falls back to its seed
+    (distance 0). Every returned point satisfies ``d(x, x0) <= radius`` exactly (for its float64
+    value) and lies in the box; the distances (float64) are of the returned points.
+    """
+    dtype = x.dtype
+    W = metric.whitening.double().to(x.device)
+    seeds64 = x0.double()
+    delta = x.double() - seeds64
+    rad = torch.as_tensor(radius, dtype=torch.float64, device=x.device).expand(x.shape[0])
+
+    def exact(points):
+        d = (points.double() - seeds64) @ W
+        return d.norm(dim=1)
+
+    out = x0.to(dtype).clone()
+    dist_out = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    pending = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    t = torch.ones(x.shape[0], dtype=torch.float64, device=x.device)
+    for k in range(max_tries):
+        cand = (seeds64 + t[:, None] * delta).to(dtype)
+        if box is not None:
+            cand = cand.clamp(box[0], box[1])
+        dist = exact(cand)
+        ok = pending & (dist <= rad)
+        out[ok] = cand[ok]
+        dist_out[ok] = dist[ok]
+        pending &= ~ok
+        if not bool(pending.any()):
+            break
+        shrink = (rad / dist.clamp_min(1e-300)).clamp(max=1.0) * (1.0 - 2.0 ** (k - 40))
+        t = torch.where(pending, t * shrink, t)
+    # what is still pending keeps its seed (distance 0): always feasible
+    if box is not None and not bool(((out >= box[0]) & (out <= box[1])).all()):
+        raise RuntimeError("project_exact: a point left the box; the seeds must lie in it.")
+    if not bool((dist_out <= rad).all()):  # pragma: no cover - guaranteed by construction
+        raise RuntimeError("project_exact: a point left its ball.")
+    return out, dist_out
+
+
 def _uniform_in_unit_ball(n: int, d: int, gen: torch.Generator) -> torch.Tensor:
     """``n`` points uniform in the d-dimensional unit ball (float64): direction x radius^(1/d)."""
     u = torch.randn(n, d, generator=gen, dtype=torch.float64)
@@ -81,10 +128,16 @@ def ball_attack(
     check_finite(flat0, "x0")
     if flat0.shape[1] != metric.dim:
         raise ValueError(f"x0 has {flat0.shape[1]} features; the metric has {metric.dim}.")
-    radius = torch.as_tensor(radius, dtype=flat0.dtype, device=flat0.device)
-    radius = radius.expand(n).clone() if radius.ndim == 0 else radius.clone()
-    if radius.shape != (n,) or bool((radius < 0).any()):
-        raise ValueError(f"radius must be >= 0, a scalar or of shape ({n},).")
+    # The ball is that of the float64 radius: it is checked exactly at the end. The working copy
+    # in the points' dtype only steers the iterates.
+    radius64 = torch.as_tensor(radius, dtype=torch.float64, device=flat0.device)
+    radius64 = radius64.expand(n).clone() if radius64.ndim == 0 else radius64.clone()
+    if radius64.shape != (n,) or bool((radius64 < 0).any()) or bool(radius64.isnan().any()):
+        raise ValueError(
+            f"radius must be >= 0, a scalar or of shape ({n},), without NaN (uncertified seeds "
+            "of ccu.certified_radius have no ball: select them out with ccu.certified_mask)."
+        )
+    radius = radius64.to(flat0.dtype)
     if box is not None and bool(((flat0 < box[0]) | (flat0 > box[1])).any()):
         raise ValueError(f"the seeds must lie inside the box {box}.")
     if steps < 0 or restarts < 1:
@@ -134,9 +187,13 @@ def ball_attack(
     per_seed = best_s.view(n, R)
     j = per_seed.argmax(1)
     pick = torch.arange(n, device=j.device) * R + j
-    xb = best_x[pick]
-    dist = metric.whiten((xb - flat0).double()).norm(dim=1)
-    return AttackResult(xb.reshape(n, *shape), per_seed.max(1).values, dist, torch.stack(history))
+    xb, sb = best_x[pick], per_seed.max(1).values
+    xf, dist = project_exact(xb, flat0, radius64, metric, box)
+    moved = (xf != xb).any(dim=1)
+    if bool(moved.any()):  # the score reported is that of the point returned
+        sb = sb.clone()
+        sb[moved] = evaluate(xf[moved])[0]
+    return AttackResult(xf.reshape(n, *shape), sb, dist, torch.stack(history))
 
 
 def confidence_score(model) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -145,13 +202,14 @@ def confidence_score(model) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def sample_in_ball(x0, radius, metric: Mahalanobis, n: int, seed: int = 0, box=None):
-    """``n`` points uniform in each ball (and made feasible for ``box``): (N, n, D)."""
+    """``n`` points uniform in each ball (and made exactly feasible for ``box``): (N, n, D)."""
     x0 = as_tensor(x0, "x0").reshape(len(x0), -1)
-    radius = torch.as_tensor(radius, dtype=x0.dtype).expand(x0.shape[0])
+    radius64 = torch.as_tensor(radius, dtype=torch.float64).expand(x0.shape[0])
     gen = torch.Generator().manual_seed(seed)
     N, d = x0.shape
     seeds = x0.repeat_interleave(n, 0)
-    rad = radius.repeat_interleave(n, 0)
+    rad64 = radius64.to(x0.device).repeat_interleave(n, 0)
+    rad = rad64.to(x0.dtype)
     w = _uniform_in_unit_ball(N * n, d, gen).to(x0) * rad[:, None]
-    x = seeds + metric.unwhiten(w)
-    return _feasible(x, seeds, rad, metric, box).reshape(N, n, d)
+    x = _feasible(seeds + metric.unwhiten(w), seeds, rad, metric, box)
+    return project_exact(x, seeds, rad64, metric, box)[0].reshape(N, n, d)

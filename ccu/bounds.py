@@ -3,37 +3,39 @@
 * :func:`confidence_bound` - Corollary 1: ``max_{d(x,x0)<=R} max_y p(y|x) <= (1/M)(1 + M b/lam)/(1 + b/lam)``
   with ``b`` the ratio of the in-density's upper bound to the out-density's lower bound over the ball.
 * :func:`certified_radius` - appendix "Finding the certifiable radius": the largest ``R`` with
-  bound ``<= level/M``, by batched bisection on ``b(R) = lam (level - 1)/(M - level)``.
+  bound ``<= level/M``, by batched bisection on ``b(R) = lam (level - 1)/(M - level)``; NaN marks
+  a centre where no ball is certified (even ``R = 0`` is above the level).
+* :func:`check_certificate` - the attack's points against the bound, in float64.
 * :func:`theorem1_distance` - Theorem 1: the distance to the training set beyond which
   ``p(y|z) <= (1 + eps)/M``.
+
+Every certificate is a statement about the **float64** model: the bounds are computed in float64
+and a point is judged by the float64 forward pass (:func:`check_certificate`). A float32 forward
+pass rounds the whitening and the log-densities (of order ``-d^2/2 sigma^2``, millions for
+images), so where the bound is tight the float32 confidence can exceed it by the deviation that
+:func:`float32_deviation` measures for a given model. Corollary 1 needs no assumption on the
+variances; only Theorem 1 needs ``min_l theta_l > max_k sigma_k`` (:class:`ccu.ConstraintError`).
 
 Explained in the book chapters *Theorem 1, numerically* and *Corollary 1 and the certified radius*.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
 import torch
 
-from ccu.density import GaussianMixture, _radius, whiten64
+from ccu.density import _radius, whiten64
 from ccu.metric import squared_distances
 from ccu.model import CCU
 from ccu.validation import as_tensor, check_batch
 
 
-def _check_model(model: CCU, check_constraint: bool) -> None:
+def _check_model(model: CCU) -> None:
     if not isinstance(model, CCU):
         raise TypeError(f"model must be a ccu.CCU; got {type(model).__name__}.")
-    # The constraint is stated for Gaussian mixtures (sigma_k, theta_l); other density models
-    # only need their own ball bounds for Corollary 1.
-    if (
-        check_constraint
-        and isinstance(model.density_in, GaussianMixture)
-        and isinstance(model.density_out, GaussianMixture)
-    ):
-        model.check_constraint()
 
 
 def _centres(model: CCU, x0) -> torch.Tensor:
@@ -58,19 +60,22 @@ def _bound_from_log_b(log_b: torch.Tensor, log_lam: float, M: int) -> torch.Tens
     return torch.sigmoid(z) + torch.sigmoid(-z) / M
 
 
-def log_ratio_bound(model: CCU, x0, radius, check_constraint: bool = True) -> torch.Tensor:
+def log_ratio_bound(model: CCU, x0, radius) -> torch.Tensor:
     """``log b`` of Corollary 1 for the balls ``d(x, x0) <= radius`` (float64, (N,))."""
-    _check_model(model, check_constraint)
+    _check_model(model)
     x0 = _centres(model, x0)
     return _log_b_functions(model, x0)(_radius(radius, x0.shape[0]))
 
 
-def confidence_bound(model: CCU, x0, radius, check_constraint: bool = True) -> torch.Tensor:
+def confidence_bound(model: CCU, x0, radius) -> torch.Tensor:
     """Corollary 1: an upper bound of ``max_y p(y|x)`` over ``d(x, x0) <= radius``; float64 (N,).
 
-    ``radius`` is a scalar or one radius per centre. Holds whatever the classifier's logits.
+    ``radius`` is a scalar or one radius per centre (NaN, an uncertified centre of
+    :func:`certified_radius`, is refused). Holds whatever the classifier's logits and whatever
+    the variances: Corollary 1 does not need Theorem 1's ``theta > sigma``. The bound is for the
+    float64 model (see the module docstring).
     """
-    log_b = log_ratio_bound(model, x0, radius, check_constraint)
+    log_b = log_ratio_bound(model, x0, radius)
     return _bound_from_log_b(log_b, float(model.log_lam), model.num_classes)
 
 
@@ -80,15 +85,18 @@ def certified_radius(
     level: float = 1.1,
     rtol: float = 1e-12,
     max_iter: int = 200,
-    check_constraint: bool = True,
 ) -> torch.Tensor:
-    """Largest ``R`` whose Corollary 1 bound is ``<= level / M``; 0 where even ``R = 0`` is above.
+    """Largest ``R`` whose Corollary 1 bound is ``<= level / M``; float64 (N,).
 
-    Batched bisection on the monotone ``log b(R)`` against ``log(lam (level - 1)/(M - level))``
-    (float64). The returned radius is the lower end of the final bracket, so its bound never
-    exceeds ``level / M``.
+    **NaN marks an uncertified centre**: one where even ``R = 0`` has a bound above
+    ``level / M`` (e.g. a point near the in-distribution), so no ball around it is certified.
+    Select the certified centres with ``~radius.isnan()`` (:func:`certified_mask`); a NaN radius is
+    never a certificate and :func:`confidence_bound` refuses it. A finite radius (possibly 0 when
+    the bound at ``R = 0`` is exactly the level) is certified: batched bisection on the monotone
+    ``log b(R)`` against ``log(lam (level - 1)/(M - level))`` in float64 returns the lower end of
+    the final bracket, whose bound never exceeds ``level / M``.
     """
-    _check_model(model, check_constraint)
+    _check_model(model)
     M = model.num_classes
     level = float(level)
     if not (1.0 < level < M):
@@ -104,7 +112,7 @@ def certified_radius(
     lo = torch.zeros(n, dtype=torch.float64, device=model.metric.whitening.device)
     ok = log_b(lo) <= target
     if not bool(ok.any()):
-        return lo
+        return torch.full_like(lo, float("nan"))
     # Bracket: double the upper end until b(hi) > target (b -> infinity as R -> infinity).
     # Centres with b(0) above the target keep lo = hi = 0 throughout.
     hi = torch.where(ok, 1.0, 0.0).to(lo)
@@ -123,7 +131,93 @@ def certified_radius(
         hi = torch.where(above, mid, hi)
         if bool(((hi - lo) <= rtol * hi).all()):
             break
-    return lo
+    return torch.where(ok, lo, float("nan"))
+
+
+def certified_mask(radius) -> torch.Tensor:
+    """True where :func:`certified_radius` certified a ball (its radius is not NaN)."""
+    return ~torch.as_tensor(radius).isnan()
+
+
+@dataclass
+class CertificateCheck:
+    """Attack points judged against Corollary 1 in float64 (see :func:`check_certificate`).
+
+    All (N,): ``distance`` (exact, float64) and ``inside`` the ball and the box; the float64 and
+    float32 confidences at the point; the bound of its ball; ``violated`` = a point inside its
+    ball whose float64 confidence is above the bound (beyond rounding): that would be a bug.
+    """
+
+    distance: torch.Tensor
+    inside: torch.Tensor
+    confidence64: torch.Tensor
+    confidence32: torch.Tensor
+    bound: torch.Tensor
+    violated: torch.Tensor
+
+    @property
+    def n_violations(self) -> int:
+        return int(self.violated.sum())
+
+    @property
+    def n_outside(self) -> int:
+        return int((~self.inside).sum())
+
+    @property
+    def max_float32_deviation(self) -> float:
+        """``max |p32 - p64|`` of the confidence over the points."""
+        if self.confidence64.numel() == 0:
+            return 0.0
+        return float((self.confidence32 - self.confidence64).abs().max())
+
+
+def _confidence_as(model: CCU, x: torch.Tensor, dtype: torch.dtype, batch: int) -> torch.Tensor:
+    twin = copy.deepcopy(model).to(dtype).eval()
+    device = model.metric.whitening.device
+    with torch.no_grad():
+        out = [twin.confidence(b.to(device=device, dtype=dtype)) for b in x.split(batch)]
+    return torch.cat(out).double() if out else torch.zeros(0, dtype=torch.float64)
+
+
+def float32_deviation(model: CCU, x, batch: int = 500) -> torch.Tensor:
+    """``|p32(x) - p64(x)|`` of the confidence: how far the float32 forward pass strays from the
+    certified float64 model at the points ``x`` (N, ...) -> (N,) float64."""
+    _check_model(model)
+    x = as_tensor(x, "x")
+    p64 = _confidence_as(model, x, torch.float64, batch)
+    p32 = _confidence_as(model, x, torch.float32, batch)
+    return (p32 - p64).abs()
+
+
+def check_certificate(
+    model: CCU, points, centres, radius, box=(0.0, 1.0), rtol: float = 1e-9, batch: int = 500
+) -> CertificateCheck:
+    """Judge points (e.g. an attack's worst cases) against the certificate of their balls.
+
+    Everything that decides is float64: the distance of each point to its centre, the bound of
+    the ball ``d(x, centre) <= radius`` and the confidence of the float64 copy of ``model``.
+    ``violated`` is ``inside and p64 > bound (1 + rtol)``. Points outside their ball (or the box)
+    are flagged by ``inside``: the bound says nothing about them. Radii must be certified (no NaN).
+    """
+    _check_model(model)
+    centres = _centres(model, centres)
+    pts = check_batch(as_tensor(points, "points"), model.dim, "points")
+    if pts.shape[0] != centres.shape[0]:
+        raise ValueError(
+            f"points and centres must pair up; got {pts.shape[0]} points and "
+            f"{centres.shape[0]} centres."
+        )
+    bound = confidence_bound(model, centres, radius)
+    rad = _radius(radius, centres.shape[0]).to(bound.device)
+    diff = pts.double() - centres.double().to(pts.device)
+    distance = whiten64(model.metric, diff, model.dim).norm(dim=1)
+    inside = distance <= rad
+    if box is not None:
+        inside &= ((pts >= box[0]) & (pts <= box[1])).all(dim=1).to(inside.device)
+    p64 = _confidence_as(model, pts, torch.float64, batch).to(bound.device)
+    p32 = _confidence_as(model, pts, torch.float32, batch).to(bound.device)
+    violated = inside & (p64 > bound * (1 + rtol))
+    return CertificateCheck(distance, inside, p64, p32, bound, violated)
 
 
 @dataclass
@@ -173,7 +267,8 @@ def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False)
     ``beta_l exp(-d(z, nu_l)^2 / 2 theta_l^2)`` (the proof's max; the statement's "argmin" is a
     typo, though any ``l`` gives a valid condition). Negative log terms are clipped at 0.
     """
-    _check_model(model, check_constraint=True)
+    _check_model(model)
+    model.check_constraint()  # Theorem 1 (unlike Corollary 1) needs min theta > max sigma
     eps = float(eps)
     if not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be a positive number; got {eps}.")

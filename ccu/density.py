@@ -89,6 +89,12 @@ def _radius(radius, n: int) -> torch.Tensor:
         r = r.expand(n)
     if r.shape != (n,):
         raise ValueError(f"radius must be a scalar or of shape ({n},); got {tuple(r.shape)}.")
+    if bool(r.isnan().any()):
+        raise ValueError(
+            f"radius has {int(r.isnan().sum())} NaN values: ccu.certified_radius marks uncertified "
+            "centres with NaN, and they have no certified ball. Keep the certified ones, e.g. "
+            "ok = ccu.certified_mask(radius); confidence_bound(model, x0[ok], radius[ok])."
+        )
     check_finite(r, "radius")
     if bool((r < 0).any()):
         raise ValueError("radius must be >= 0.")

@@ -68,3 +68,32 @@ def random_ccu(
 
 def log_uniform(u: float, lo: float, hi: float) -> float:
     return math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+
+
+def floored_metric(seed: int, d: int = 64, floor: float = 1e-6) -> ccu.Mahalanobis:
+    """A metric like an image dataset's: eigenvalues over 8 decades, floored at ``floor * max``
+    (the whitening then magnifies input-space rounding about ``floor^{-1/2}`` = 1000 times)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    lam = torch.logspace(0, -8, d, dtype=torch.float64)
+    return ccu.Mahalanobis.from_covariance((q * lam) @ q.T, floor=floor)
+
+
+def tight_ccu(d: int = 64, distance: float = 300.0, seed: int = 1, num_classes: int = 10):
+    """A float64 CCU where Corollary 1 is attained: one in- and one out-component on opposite sides
+    of the centre ``x0`` along a whitened direction ``e``, a saturated classifier. The confidence
+    over the ball is largest at ``x0 + R e`` (nearest to the in-mean, farthest from the out-mean),
+    where it equals the bound. Returns ``(model, x0 (1, d), e (1, d) whitened direction)``."""
+    gen = torch.Generator().manual_seed(seed)
+    metric = floored_metric(seed, d)
+    x0 = torch.full((1, d), 0.5, dtype=torch.float64)
+    w0 = metric.whiten(x0)
+    e = torch.randn(1, d, generator=gen, dtype=torch.float64)
+    e = e / e.norm()
+    mu = metric.unwhiten(w0 + distance * e)
+    nu = metric.unwhiten(w0 - distance * e)
+    zero = torch.zeros(1, dtype=torch.float64)
+    gin = ccu.GaussianMixture(mu, zero, zero, metric)
+    gout = ccu.GaussianMixture(nu, zero + math.log(4.0), zero, metric)
+    model = ccu.CCU(SaturatedClassifier(num_classes), gin, gout, num_classes).double()
+    return model, x0, e
