@@ -5,8 +5,10 @@ The book in ``book/`` explains every piece; docstrings name the chapter.
 
 from ccu.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
 from ccu.bounds import (
+    CertificateAttack,
     CertificateCheck,
     Theorem1Terms,
+    attack_certificates,
     certified_mask,
     certified_radius,
     check_certificate,
@@ -34,6 +36,7 @@ __all__ = [
     "PROFILES",
     "AttackResult",
     "BallBounds",
+    "CertificateAttack",
     "CertificateCheck",
     "ConstraintError",
     "DensityModel",
@@ -47,6 +50,7 @@ __all__ = [
     "accuracy",
     "ball_attack",
     "ccu_loss",
+    "attack_certificates",
     "certified_mask",
     "certified_radius",
     "check_certificate",

@@ -313,3 +313,65 @@ def theorem1_distance(model: CCU, z, train_x, eps: float) -> torch.Tensor:
     """Theorem 1's right-hand side for each ``z``: if ``min_i d(z, x_i)`` is at least this,
     then ``max_y p(y|z) <= (1 + eps)/M``. float64 (N,)."""
     return theorem1_terms(model, z, train_x, eps).distance
+
+
+@dataclass
+class CertificateAttack:
+    """:func:`attack_certificates`: radii of all centres, and for the certified ones the attack,
+    the best of the uniform samples and the float64 check of the worst point found."""
+
+    radius: torch.Tensor  # (N,) NaN = uncertified
+    attack: object  # ccu.AttackResult over the certified centres
+    sampled_max: torch.Tensor  # (n_certified,) best float64 confidence of the samples
+    check: CertificateCheck  # the worse of the attack's point and the best sample, per ball
+
+    @property
+    def certified(self) -> torch.Tensor:
+        return certified_mask(self.radius)
+
+
+def attack_certificates(
+    model: CCU,
+    centres,
+    level: float = 1.1,
+    steps: int = 100,
+    restarts: int = 5,
+    n_samples: int = 50,
+    seed: int = 0,
+    box=(0.0, 1.0),
+) -> CertificateAttack:
+    """Try to break Corollary 1 (chapter *Corollary 1 and the certified radius*): certify a ball
+    around every centre, then inside each certified ball (and the box) run PGD on the float32
+    model's confidence and draw ``n_samples`` uniform points; the worse point per ball is judged
+    by the float64 model (:func:`check_certificate`). Uncertified centres are skipped."""
+    from ccu.attacks import ball_attack, confidence_score, sample_in_ball
+
+    _check_model(model)
+    centres = as_tensor(centres, "centres")
+    radius = certified_radius(model, centres, level=level)
+    ok = certified_mask(radius)
+    x0, r = centres[ok.to(centres.device)], radius[ok]
+    shape = centres.shape[1:]
+    if not bool(ok.any()):
+        raise ValueError(
+            "no centre is certified at this level (every bound at R = 0 is above it): there is "
+            "no ball to attack. Use centres farther from the in-distribution or a higher level."
+        )
+    twin = copy.deepcopy(model).float().eval()  # the forward pass an attacker would run
+    x32 = x0.float()
+    attack = ball_attack(
+        confidence_score(twin), x32, r, model.metric, steps, restarts, box=box, seed=seed
+    )
+    samples = sample_in_ball(x32, r, model.metric, n_samples, seed=seed, box=box)
+    flat = samples.reshape(-1, *shape)
+    p_samples = _confidence_as(model, flat, torch.float64, 1000).reshape(len(x0), -1)
+    best = p_samples.argmax(1) if len(x0) else torch.zeros(0, dtype=torch.long)
+    best_sample = samples[torch.arange(len(x0)), best.cpu()].reshape(len(x0), *shape)
+    p_attack = _confidence_as(model, attack.x, torch.float64, 1000)
+    worse = torch.where(
+        (p_attack >= p_samples.max(1).values).reshape(-1, *[1] * len(shape)).cpu(),
+        attack.x.cpu(),
+        best_sample.cpu(),
+    )
+    check = check_certificate(model, worse, x0, r, box=box)
+    return CertificateAttack(radius, attack, p_samples.max(1).values, check)

@@ -1,25 +1,18 @@
-"""Runs with results on disk: train (or load) a method, score the test and OOD sets, attack.
+"""Orchestration of the experiments: train (or load) a method, score the test and OOD sets,
+certify balls around uniform noise with CCU and attack every method inside them (Table 1).
 
-Layout (ignored by git)::
-
-    results/<profile>/<dataset>/<method>/config.json     resolved config, library version, data checksum
-                                         checkpoint.pt   per-epoch training state (resume)
-                                         model.pt        final weights (loaded with weights_only=True)
-                                         scores.npz      per-sample scores on the test set and each OOD set
-                                         metrics.json    test error, confidences, AUROC / AUPR / FPR@95
-    results/<profile>/<dataset>/adversarial/...          certified radii, worst cases per method, Table 1
-
-A re-run with the same config loads instead of retraining unless ``retrain=True``. In-distribution
-scores are computed once per model and reused for every OOD set.
+Where the files live and how they are written (atomic, locked, checked) is :mod:`ccu.results`.
+A re-run with the same config loads instead of retraining unless ``retrain=True``; a run killed
+while training, scoring or attacking resumes where it stopped and ends with the same files. In-
+distribution scores are computed once per model and reused for every OOD set.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import time
-import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,30 +20,15 @@ import torch
 
 import ccu
 from ccu import evaluate as ev
+from ccu import results as store
 from ccu.attacks import AttackResult
 from ccu.config import Profile, get_profile, train_settings
 from ccu.data import Dataset, load_dataset, load_ood, uniform_noise
 from ccu.methods import get_method
+from ccu.results import RESULTS_ROOT, CorruptResultError  # noqa: F401 - part of this API
 
-RESULTS_ROOT = Path(os.environ.get("CCU_RESULTS", Path(__file__).resolve().parents[1] / "results"))
-
-
-def results_dir(profile: str, dataset: str, method: str, root=None) -> Path:
-    return Path(root or RESULTS_ROOT) / profile / dataset / method
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=_json_default))
-    os.replace(tmp, path)
+#: kept for callers of the earlier API: the directory of one method's run
+results_dir = store.method_dir
 
 
 @dataclass
@@ -80,11 +58,6 @@ def _config(dataset: str, method: str, profile, settings, seed: int, data: Datas
     }
 
 
-def _same(a: dict, b: dict) -> bool:
-    keys = ("dataset", "method", "profile", "settings", "seed", "data_checksum", "ccu_version")
-    return all(json.dumps(a.get(k), default=str) == json.dumps(b.get(k), default=str) for k in keys)
-
-
 def run_method(
     dataset: str,
     method: str,
@@ -100,6 +73,8 @@ def run_method(
 
     ``profile`` is a profile name or a :class:`ccu.Profile` (e.g. ``get_profile("smoke", epochs=3)``);
     a saved run is reused only when its recorded config (profile fields included) is the same.
+    The run holds the lock of its directory: a second process asking for the same run waits and
+    then loads it. A corrupt result file raises :class:`ccu.results.CorruptResultError`.
     """
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
     settings = train_settings(dataset)
@@ -107,61 +82,48 @@ def run_method(
         data = load_dataset(dataset, seed=seed).subset(prof.n_train)
     cls = get_method(method)
     m = cls(data.spec, settings, prof, seed=seed, device=device)
-    out = results_dir(prof.name, dataset, method, root)
-    out.mkdir(parents=True, exist_ok=True)
+    files = store.MethodStore(store.method_dir(prof.name, dataset, method, root))
     config = dict(_config(dataset, method, prof, settings, seed, data), network=m.network_kind())
-    files = [out / n for n in ("config.json", "model.pt", "scores.npz", "metrics.json")]
-    stale = False
-    if not retrain and all(f.exists() for f in files):
-        saved = json.loads(files[0].read_text())
-        if _same(saved, config):
+    with store.locked(files.directory, f"{method} on {dataset}"):
+        if retrain:
+            files.clear()
+        saved = files.saved_config()
+        if saved is not None and store.same_config(saved, config):
+            state, scores, metrics = files.load(saved, map_location=device)
             try:
-                m.load_state_dict(torch.load(files[1], map_location=device, weights_only=True))
+                m.load_state_dict(state)
             except (RuntimeError, ValueError, KeyError) as exc:
-                warnings.warn(
-                    f"{files[1]} does not fit {method} ({exc}); retraining.", stacklevel=2
-                )
-                stale = True
-            else:
-                with np.load(files[2]) as z:
-                    scores = {k: z[k] for k in z.files}
-                return RunResult(m, saved, scores, json.loads(files[3].read_text()), out, True)
-    if retrain or stale:
-        for f in [*files, out / "checkpoint.pt"]:
-            f.unlink(missing_ok=True)
-    # A checkpoint is resumed only by the configuration that wrote it (recorded when training
-    # starts); any other configuration starts from scratch.
-    pending = out / "config.pending.json"
-    if pending.exists() and not _same(json.loads(pending.read_text()), config):
-        for f in out.glob("*checkpoint.pt"):
-            f.unlink()
-    elif not pending.exists():
-        for f in out.glob("*checkpoint.pt"):
-            f.unlink()
-    _write_json(pending, config)
-    start = time.perf_counter()
-    if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
-        base = run_method(
-            dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed
-        )
-        m.build_from_base(base.method, data)
-    else:
-        m.build(data)
-    history = m.fit(data, checkpoint=out / "checkpoint.pt")
-    config["train_seconds"] = time.perf_counter() - start
-    config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
-    torch.save(m.state_dict(), out / "model.pt")
-    scores, metrics = score_sets(m, data, ood_seed)
-    config["wall_seconds"] = time.perf_counter() - start
-    np.savez(out / "scores.npz", **scores)
-    _write_json(out / "metrics.json", metrics)
-    _write_json(out / "config.json", config)
-    return RunResult(m, config, scores, metrics, out, False)
+                raise CorruptResultError(
+                    f"{files.path('model.pt')} does not fit {method} ({exc}). Delete "
+                    f"{files.directory} to retrain (or pass retrain=True)."
+                ) from exc
+            return RunResult(m, saved, scores, metrics, files.directory, True)
+        files.start_training(config)
+        start = time.perf_counter()
+        if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
+            base = run_method(
+                dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed
+            )
+            m.build_from_base(base.method, data)
+        else:
+            m.build(data)
+        history = m.fit(data, checkpoint=files.checkpoint)
+        config["train_seconds"] = time.perf_counter() - start
+        config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
+        scores, metrics = score_sets(m, data, ood_seed)
+        config["wall_seconds"] = time.perf_counter() - start
+        config = files.save(m.state_dict(), scores, metrics, config)
+    return RunResult(m, config, scores, metrics, files.directory, False)
 
 
 def score_sets(method, data: Dataset, ood_seed: int = 1):
-    """Per-sample scores on the test set (once) and every OOD set of the dataset; metrics."""
-    test = method.evaluate(data.test_x)
+    """Per-sample scores on the test set (once) and every OOD set of the dataset; metrics.
+
+    Stochastic scores (MCD's dropout passes) draw from a generator seeded with ``ood_seed``, so a
+    resumed run scores exactly as an uninterrupted one."""
+    with torch.random.fork_rng(devices=_cuda_devices(method)):
+        torch.manual_seed(ood_seed)
+        test = method.evaluate(data.test_x)
     scores = {
         "test": test["score"].numpy(),
         "test_confidence": test["confidence"].numpy(),
@@ -181,7 +143,9 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         except ccu.data.DataNotFoundError as exc:
             metrics["ood"][name] = {"skipped": str(exc).splitlines()[0]}
             continue
-        res = method.evaluate(x)
+        with torch.random.fork_rng(devices=_cuda_devices(method)):
+            torch.manual_seed(ood_seed)
+            res = method.evaluate(x)
         scores[name] = res["score"].numpy()
         scores[f"{name}_confidence"] = res["confidence"].numpy()
         metrics["ood"][name] = ev.ood_metrics(scores["test"], scores[name])
@@ -189,21 +153,29 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
     return scores, metrics
 
 
+def _cuda_devices(method) -> list:
+    return [method.device] if method.device.type == "cuda" else []
+
+
 def attack_method(method, seeds, radii, metric, steps, restarts, seed=0):
     """The adversarial-noise attack on one method: PGD in each ball on ``method.score``.
 
-    If the method offers an ``attack_surrogate`` (a smoother function, e.g. the score without
-    a signed-gradient pre-processing), the balls are attacked on it too and, per seed, the point
-    with the higher *true* score is kept. Returns the ``AttackResult`` (scores are true scores)
-    and the number of seeds the surrogate won."""
+    ``radii`` are the certified radii (float64, no NaN): the attack's points lie exactly inside
+    those balls. If the method offers an ``attack_surrogate`` (a smoother function, e.g. the score
+    without a signed-gradient pre-processing), the balls are attacked on it too and, per seed, the
+    point with the higher *true* score is kept. Stochastic scores draw from a generator seeded
+    with ``seed``. Returns the ``AttackResult`` (scores are true scores) and the number of seeds
+    the surrogate won."""
     attack = dict(metric=metric, steps=steps, restarts=restarts, seed=seed)
-    x0, rad = seeds.to(method.device), radii.to(method.device, torch.float32)
-    res = ccu.ball_attack(method.score, x0, rad, **attack)
-    surrogate = method.attack_surrogate()
-    if surrogate is None:
-        return res, 0
-    alt = ccu.ball_attack(surrogate, x0, rad, **attack)
-    alt_score = torch.cat([method.score(b).detach() for b in alt.x.split(500)])
+    x0, rad = seeds.to(method.device), radii.to(method.device, torch.float64)
+    with torch.random.fork_rng(devices=_cuda_devices(method)):
+        torch.manual_seed(seed)
+        res = ccu.ball_attack(method.score, x0, rad, **attack)
+        surrogate = method.attack_surrogate()
+        if surrogate is None:
+            return res, 0
+        alt = ccu.ball_attack(surrogate, x0, rad, **attack)
+        alt_score = torch.cat([method.score(b).detach() for b in alt.x.split(500)])
     take = alt_score > res.score
     res = AttackResult(
         torch.where(take.view(-1, *[1] * (alt.x.ndim - 1)), alt.x, res.x),
@@ -214,6 +186,115 @@ def attack_method(method, seeds, radii, metric, steps, restarts, seed=0):
     return res, int(take.sum())
 
 
+@dataclass
+class AdversarialResult:
+    """The adversarial-noise experiment (Table 1, Figures 2 and 3), as saved and loaded.
+
+    ``radii`` and ``bound`` are NaN for *uncertified* seeds (no certified ball: CCU's bound at
+    ``R = 0`` is above the level); only certified seeds are attacked, so ``worst_x[m]`` and
+    ``worst_score[m]`` follow ``seeds[certified]``. ``summary`` is ``table1.json``.
+    """
+
+    summary: dict
+    seeds: np.ndarray
+    radii: np.ndarray
+    bound: np.ndarray
+    worst_x: dict[str, np.ndarray] = field(default_factory=dict)
+    worst_score: dict[str, np.ndarray] = field(default_factory=dict)
+    directory: Path | None = None
+
+    @property
+    def certified(self) -> np.ndarray:
+        return ~np.isnan(self.radii)
+
+    @property
+    def methods(self) -> dict[str, dict]:
+        """Per method: TE, SR, AUC over the certified seeds, attack time, checks."""
+        return self.summary["methods"]
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        store.write_npz(
+            directory / "adversarial.npz",
+            seeds=self.seeds,
+            radii=self.radii,
+            bound=self.bound,
+            **{f"{k}_worst_x": v for k, v in self.worst_x.items()},
+            **{f"{k}_worst_score": v for k, v in self.worst_score.items()},
+        )
+        store.write_json(directory / "table1.json", self.summary)  # last: the marker
+
+    @classmethod
+    def load(cls, directory: Path) -> AdversarialResult:
+        directory = Path(directory)
+        summary = store.read_json(directory / "table1.json")
+        arrays = store.read_npz(directory / "adversarial.npz")
+        try:
+            names = list(summary["methods"])
+            return cls(
+                summary,
+                arrays["seeds"],
+                arrays["radii"],
+                arrays["bound"],
+                {m: arrays[f"{m}_worst_x"] for m in names},
+                {m: arrays[f"{m}_worst_score"] for m in names},
+                directory,
+            )
+        except KeyError as exc:
+            raise CorruptResultError(
+                f"{directory / 'adversarial.npz'} lacks {exc}; delete {directory} to recompute."
+            ) from exc
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.tobytes() if isinstance(p, np.ndarray) else json.dumps(p, default=str).encode())
+    return h.hexdigest()
+
+
+def _attack_one(name, run, seeds, radii, model_metric, prof, seed, key, directory):
+    """One method's attack, or its saved result when the same attack already finished."""
+    meta, arrays = directory / f"attack.{name}.json", directory / f"attack.{name}.npz"
+    if meta.exists():
+        saved = store.read_json(meta)
+        if saved.get("key") == key:
+            got = store.read_npz(arrays) if arrays.exists() else None
+            if got is None:
+                raise CorruptResultError(
+                    f"{arrays} is missing though {meta} lists it; delete both to re-attack."
+                )
+            return saved["row"], got["worst_x"], got["worst_score"]
+    m = run.method
+    m.model.eval()
+    start = time.perf_counter()
+    if len(seeds):
+        res, won = attack_method(
+            m, seeds, radii, model_metric, prof.attack_steps, prof.attack_restarts, seed
+        )
+        worst = res.score.detach().cpu().double().numpy()
+        worst_x = res.x.detach().cpu().numpy()
+        ratio = torch.where(radii > 0, res.distance.cpu() / radii.clamp_min(1e-300), 0.0)
+        test_scores = run.scores["test"]
+        row = {
+            "TE": run.metrics["test_error"],
+            "SR": ev.success_rate(worst, test_scores),
+            "AUC": ev.strict_auc(test_scores, worst),
+            "max_distance_over_radius": float(ratio.max()),
+            "seeds_won_by_surrogate": won,
+        }
+    else:  # no certified ball: nothing to attack
+        worst = np.zeros(0)
+        worst_x = np.zeros((0, *seeds.shape[1:]), dtype=np.float32)
+        row = {"TE": run.metrics["test_error"], "SR": float("nan"), "AUC": float("nan")}
+        row.update(max_distance_over_radius=0.0, seeds_won_by_surrogate=0)
+    row["n_attacked"] = len(seeds)
+    row["attack_seconds"] = time.perf_counter() - start
+    store.write_npz(arrays, worst_x=worst_x, worst_score=worst)
+    store.write_json(meta, {"key": key, "row": row})  # last: marks the attack as finished
+    return row, worst_x, worst
+
+
 def adversarial_noise(
     runs: dict[str, RunResult],
     data: Dataset,
@@ -221,66 +302,68 @@ def adversarial_noise(
     seed: int = 0,
     root=None,
     level: float = 1.1,
-) -> dict:
+) -> AdversarialResult:
     """Table 1: certify balls around uniform noise with CCU, attack every method inside them.
 
-    Needs a ``"CCU"`` run (its metric and certified radii define the balls). Returns and saves
-    per method: TE, SR, AUC (strict: ties are failures), the worst scores and points; and the
-    radii, the certified AUC (if every ball attained its bound) and the appendix checks.
+    Needs a ``"CCU"`` run (its metric and certified radii define the balls). Seeds whose bound at
+    ``R = 0`` is above ``level / M`` are **uncertified**: they get no ball, are not attacked and
+    are counted apart (``n_certified``, ``n_uncertified``). Per method, over the certified seeds:
+    TE, SR, AUC (strict: ties are failures), the worst scores and points. The certified AUC
+    counts uncertified seeds as failures (no guarantee there). CCU's worst points are judged by
+    the float64 model (:func:`ccu.check_certificate`). Methods attacked before a kill are not
+    attacked again. Saves ``table1.json`` and ``adversarial.npz`` and returns what they hold.
     """
     if "CCU" not in runs:
         raise ValueError("adversarial noise needs a trained CCU run: its certified balls.")
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
     model = runs["CCU"].method.model
-    seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
-    radii = ccu.certified_radius(model, seeds, level=level).cpu()
-    bound = ccu.confidence_bound(model, seeds, radii).cpu()
-    out = {"n_seeds": prof.n_seeds, "level": level, "radii": radii.numpy(), "bound": bound.numpy()}
-    everything = torch.cat([data.train_x, data.test_x])
-    nearest, _ = ccu.nearest_training_point(model.metric, seeds.reshape(len(seeds), -1), everything)
-    nearest = nearest.cpu()
-    out["images_inside_balls"] = int((nearest <= radii).sum())
-    ccu_conf = runs["CCU"].scores["test_confidence"]
-    out["certified_auc"] = ev.strict_auc(ccu_conf, bound.numpy())
-    per_method = {}
-    for name, run in runs.items():
-        m = run.method
-        m.model.eval()
-        start = time.perf_counter()
-        res, won_by_surrogate = attack_method(
-            m, seeds, radii, model.metric, prof.attack_steps, prof.attack_restarts, seed
+    directory = store.adversarial_dir(prof.name, data.name, root)
+    with store.locked(directory, "the adversarial-noise experiment"):
+        seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
+        radii = ccu.certified_radius(model, seeds, level=level).cpu()
+        ok = ccu.certified_mask(radii)
+        bound = torch.full_like(radii, float("nan"))
+        if bool(ok.any()):
+            bound[ok] = ccu.confidence_bound(model, seeds[ok], radii[ok]).cpu()
+        everything = torch.cat([data.train_x, data.test_x])
+        nearest, _ = ccu.nearest_training_point(
+            model.metric, seeds.reshape(len(seeds), -1), everything
         )
-        worst = res.score.detach().cpu().numpy()
-        test_scores = run.scores["test"]
-        per_method[name] = {
-            "TE": run.metrics["test_error"],
-            "SR": ev.success_rate(worst, test_scores),
-            "AUC": ev.strict_auc(test_scores, worst),
-            "attack_seconds": time.perf_counter() - start,
-            "worst_score": worst,
-            "worst_x": res.x.detach().cpu().numpy(),
-            "max_distance_over_radius": float((res.distance.cpu() / radii.clamp_min(1e-30)).max()),
-            "seeds_won_by_surrogate": won_by_surrogate,
+        inside = (nearest.cpu() <= radii) & ok
+        ccu_conf = runs["CCU"].scores["test_confidence"]
+        guaranteed = torch.where(ok, bound, 1.0).numpy()  # no ball: no guarantee
+        summary = {
+            "n_seeds": prof.n_seeds,
+            "n_certified": int(ok.sum()),
+            "n_uncertified": int((~ok).sum()),
+            "level": level,
+            "images_inside_balls": int(inside.sum()),
+            "certified_auc": ev.strict_auc(ccu_conf, guaranteed),
+            "median_radius": float(radii[ok].median()) if bool(ok.any()) else float("nan"),
         }
-    out["methods"] = per_method
-    if "CCU" in per_method:  # the certificate: the attack can never beat the bound
-        worst_conf = np.exp(per_method["CCU"]["worst_score"])
-        out["ccu_bound_violations"] = int((worst_conf > bound.numpy() + 1e-6).sum())
-    d = Path(root or RESULTS_ROOT) / prof.name / data.name / "adversarial"
-    d.mkdir(parents=True, exist_ok=True)
-    np.savez(
-        d / "adversarial.npz",
-        seeds=seeds.numpy(),
-        radii=radii.numpy(),
-        bound=bound.numpy(),
-        **{f"{k}_worst_x": v["worst_x"] for k, v in per_method.items()},
-        **{f"{k}_worst_score": v["worst_score"] for k, v in per_method.items()},
-    )
-    summary = {k: v for k, v in out.items() if k not in ("radii", "bound", "methods")}
-    summary["median_radius"] = float(np.median(out["radii"]))
-    summary["methods"] = {
-        k: {kk: vv for kk, vv in v.items() if kk not in ("worst_score", "worst_x")}
-        for k, v in per_method.items()
-    }
-    _write_json(d / "table1.json", summary)
-    return out
+        key_balls = _digest(seeds.numpy(), radii.numpy(), level, runs["CCU"].config.get("files"))
+        per_method, worst_x, worst_score = {}, {}, {}
+        for name, run in runs.items():
+            key = _digest(
+                key_balls, store.config_key(run.config), run.config.get("files"),
+                prof.attack_steps, prof.attack_restarts, seed,
+            )  # fmt: skip
+            per_method[name], worst_x[name], worst_score[name] = _attack_one(
+                name, run, seeds[ok], radii[ok], model.metric, prof, seed, key, directory
+            )
+        if "CCU" in per_method and bool(ok.any()):  # the certificate, judged in float64
+            check = ccu.check_certificate(model, torch.from_numpy(worst_x["CCU"]), seeds[ok],
+                                          radii[ok])  # fmt: skip
+            summary["ccu_bound_violations"] = check.n_violations
+            summary["ccu_points_outside_balls"] = check.n_outside
+            summary["ccu_max_confidence_float64"] = float(check.confidence64.max())
+            summary["ccu_max_float32_deviation"] = check.max_float32_deviation
+        else:
+            summary["ccu_bound_violations"] = 0
+            summary["ccu_points_outside_balls"] = 0
+        summary["methods"] = per_method
+        result = AdversarialResult(
+            summary, seeds.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score
+        )
+        result.save(directory)
+        return AdversarialResult.load(directory)

@@ -157,14 +157,17 @@ def plot_bound_curves(model, x0, radii, level: float = 1.1, ax=None):
     """Corollary 1's bound as a function of R for each centre, with the level and the radii."""
     ax = ax or plt.subplots(figsize=(7, 4))[1]
     M = model.num_classes
-    r_max = float(radii.max()) * 1.6 if float(radii.max()) > 0 else 1.0
-    grid = torch.linspace(0, r_max, 300, dtype=torch.float64)
+    radii = torch.as_tensor(radii, dtype=torch.float64)
+    certified = radii[~radii.isnan()]  # NaN: an uncertified centre, drawn without its radius
+    top = float(certified.max()) if len(certified) else 0.0
+    grid = torch.linspace(0, top * 1.6 if top > 0 else 1.0, 300, dtype=torch.float64)
     curves = []
     for i in range(len(x0)):
         b = ccu.confidence_bound(model, x0[i : i + 1].expand(len(grid), *x0.shape[1:]), grid)
         curves.append(b)
         line = ax.plot(grid.numpy(), b.numpy(), lw=1.5)[0]
-        ax.axvline(float(radii[i]), color=line.get_color(), ls="--", lw=0.8)
+        if not bool(radii[i].isnan()):
+            ax.axvline(float(radii[i]), color=line.get_color(), ls="--", lw=0.8)
     ax.axhline(level / M, color="k", ls=":", label=f"{level:g}/M")
     ax.set_xlabel("radius R (metric units)")
     ax.set_ylabel("Corollary 1 bound on $\\max_y \\hat p(y|x)$")
@@ -178,6 +181,8 @@ def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
     M = model.num_classes
     target = float(model.log_lam) + np.log(level - 1) - np.log(M - level)
     log_b = lambda r: float(ccu.log_ratio_bound(model, x0, torch.tensor([r])))  # noqa: E731
+    if log_b(0.0) > target:
+        raise ValueError("this centre is uncertified (its bound at R = 0 is above the level).")
     lo, hi = 0.0, 1.0
     while log_b(hi) <= target:
         lo, hi = hi, 2 * hi

@@ -11,7 +11,6 @@ get their own learning rate and no weight decay; learning rates x0.1 at the mile
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ccu.data import Dataset
 from ccu.data.loaders import PairedLoader
 from ccu.losses import ccu_loss
 from ccu.model import CCU
+from ccu.results import CorruptResultError, write_torch
 
 
 @dataclass
@@ -174,16 +174,13 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "history": {k: list(v) for k, v in hist.__dict__.items()},
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic: a killed run never leaves a half-written checkpoint
+        write_torch(path, state)  # atomic: a killed run never leaves a half-written checkpoint
 
     def _resume(self, path: Path, model, opt, sched, loader):
         try:
             state = torch.load(path, map_location=self.device, weights_only=True)
         except Exception as exc:
-            raise ValueError(
+            raise CorruptResultError(
                 f"checkpoint {path} cannot be read ({exc}); delete it to train from scratch."
             ) from exc
         if state.get("epochs") != self.epochs:

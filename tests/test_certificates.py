@@ -176,3 +176,17 @@ def test_float32_attacks_never_beat_the_float64_certificate(model, seed, scale):
     chk = ccu.check_certificate(model, res.x, x0[ok], r[ok], box=None)
     assert chk.n_outside == 0, "an attack point left its ball"
     assert chk.n_violations == 0, "the certificate was beaten"
+
+
+def test_attack_certificates_skips_uncertified_centres_and_holds():
+    model = random_ccu(11, gap=0.5)
+    centres = torch.cat(
+        [model.density_in.means[:1].detach(), torch.full((3, 3), 25.0, dtype=torch.float64)]
+    )
+    out = ccu.attack_certificates(model, centres, steps=20, restarts=2, n_samples=30, box=None)
+    assert out.certified.tolist() == [False, True, True, True]
+    assert len(out.attack.x) == 3 and out.check.n_outside == 0
+    assert out.check.n_violations == 0
+    assert bool((out.sampled_max <= out.check.bound + 1e-9).all())
+    with pytest.raises(ValueError, match="no centre is certified"):
+        ccu.attack_certificates(model, centres[:1], box=None)

@@ -107,7 +107,10 @@ def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
     for chapter in ("training", "ood_detection"):
         _run(tmp_path, chapter, methods=methods, overrides=overrides)
     glued = _glued(nb)
-    assert glued["adv_ccu_violations"] == "0"
+    assert glued["adv_ccu_bound_violations"] == "0"
+    assert int(glued["adv_n_certified"]) + int(glued["adv_n_uncertified"]) == int(
+        glued["adv_n_seeds"]
+    )
     assert float(glued["adv_sr_CCU"]) == 0.0
     table = json.loads(
         (tmp_path / "results" / "smoke" / "digits" / "adversarial" / "table1.json").read_text()

@@ -95,18 +95,24 @@ def test_saved_models_load_with_weights_only(digits_runs):
 def test_adversarial_noise_table1(digits_runs):
     root, data, runs = digits_runs
     adv = experiment.adversarial_noise(runs, data, "smoke", root=root)
-    assert adv["ccu_bound_violations"] == 0
-    worst_ccu = np.exp(adv["methods"]["CCU"]["worst_score"])
-    assert (worst_ccu <= adv["bound"] + 1e-6).all()
-    assert adv["methods"]["Base"]["SR"] >= adv["methods"]["CCU"]["SR"]
-    for r in adv["methods"].values():
-        x = r["worst_x"]
+    s = adv.summary
+    assert s["ccu_bound_violations"] == 0 and s["ccu_points_outside_balls"] == 0
+    assert s["n_certified"] + s["n_uncertified"] == s["n_seeds"] == len(adv.radii)
+    assert s["n_certified"] == int(adv.certified.sum()) > 0
+    ok = adv.certified
+    assert np.isnan(adv.bound[~ok]).all() and np.isfinite(adv.bound[ok]).all()
+    worst_ccu = np.exp(adv.worst_score["CCU"])
+    assert (worst_ccu <= adv.bound[ok] + 1e-6).all()
+    assert adv.methods["Base"]["SR"] >= adv.methods["CCU"]["SR"]
+    for name, r in adv.methods.items():
+        x = adv.worst_x[name]
+        assert len(x) == r["n_attacked"] == s["n_certified"]
         assert x.min() >= 0 and x.max() <= 1
         assert r["max_distance_over_radius"] <= 1.0
-    table = report.attack_table(
-        json.loads((root / "smoke" / "digits" / "adversarial" / "table1.json").read_text()),
-        "digits",
-    )
+    # it returns what it saved
+    again = experiment.AdversarialResult.load(root / "smoke" / "digits" / "adversarial")
+    assert again.summary == adv.summary and np.array_equal(again.radii, adv.radii, equal_nan=True)
+    table = report.attack_table(again.summary, "digits")
     assert list(table.columns.get_level_values(0).unique()) == ["Base", "CCU"]
     with pytest.raises(ValueError, match="needs a trained CCU run"):
         experiment.adversarial_noise({"Base": runs["Base"]}, data, "smoke", root=root)

@@ -32,10 +32,12 @@ def test_reference_runs_are_consistent(dataset):
         assert cfg["dataset"] == dataset and cfg["method"] == name
         assert cfg["ccu_version"] == t1_version(ref) and len(cfg["data_checksum"]) == 64
     assert t1["methods"]["CCU"]["SR"] == 0.0
-    radii = np.loadtxt(ref["directory"] / "radii.csv")
-    assert len(radii) == t1["n_seeds"] and np.median(radii) == pytest.approx(
-        t1["median_radius"], rel=1e-4
-    )
+    radii = np.loadtxt(ref["directory"] / "radii.csv")  # NaN: an uncertified seed
+    certified = ~np.isnan(radii)
+    assert len(radii) == t1["n_seeds"] == t1["n_certified"] + t1["n_uncertified"]
+    assert int(certified.sum()) == t1["n_certified"], "certified seeds counted apart"
+    assert (radii[certified] > 0).all(), "a radius of 0 must not stand for 'uncertified'"
+    assert np.median(radii[certified]) == pytest.approx(t1["median_radius"], rel=1e-4)
     table = report.attack_table(t1, dataset)
     assert len(table) > 0
 

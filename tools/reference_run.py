@@ -62,8 +62,7 @@ def main():
         cfg = dict(run.config, commit=commit, device=args.device)
         (out / f"{name}.config.json").write_text(json.dumps(cfg, indent=2, default=str))
         (out / f"{name}.metrics.json").write_text(json.dumps(run.metrics, indent=2))
-    adv_dir = E.RESULTS_ROOT / args.profile / args.dataset / "adversarial"
-    table1 = json.loads((adv_dir / "table1.json").read_text())
+    table1 = dict(adv.summary)
     table1.update(
         commit=commit,
         wall_seconds_total=time.perf_counter() - start,
@@ -73,13 +72,13 @@ def main():
         skipped_for_time=skipped,
     )
     (out / "table1.json").write_text(json.dumps(table1, indent=2))
-    np.savetxt(out / "radii.csv", adv["radii"], fmt="%.6g", header="certified radius per seed")
+    # NaN marks an uncertified seed (no certified ball)
+    np.savetxt(out / "radii.csv", adv.radii, fmt="%.6g", header="certified radius per seed")
     np.savez_compressed(
         out / "figure2.npz",
-        seed=adv_dir.joinpath("adversarial.npz")
-        and np.load(adv_dir / "adversarial.npz")["seeds"][:8],
-        **{f"{m}_worst_x": adv["methods"][m]["worst_x"][:8] for m in runs},
-        **{f"{m}_worst_score": adv["methods"][m]["worst_score"] for m in runs},
+        seed=adv.seeds[adv.certified][:8],
+        **{f"{m}_worst_x": adv.worst_x[m][:8] for m in runs},
+        **{f"{m}_worst_score": adv.worst_score[m] for m in runs},
     )
     print(json.dumps(table1, indent=2))
 
