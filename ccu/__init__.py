@@ -20,15 +20,25 @@ from ccu.bounds import (
     theorem1_terms,
 )
 from ccu.config import PROFILES, Profile, TrainSettings, get_profile, train_settings
-from ccu.density import BallBounds, DensityModel, GaussianMixture
+from ccu.density import (
+    DENSITY_FAMILIES,
+    BallBounds,
+    DensityModel,
+    GaussianMixture,
+    get_density_family,
+    register_density,
+)
+from ccu.diag_gmm import DiagonalGaussianMixture
 from ccu.initialisation import init_ccu
 from ccu.losses import ccu_loss, uniform_cross_entropy
 from ccu.metric import Mahalanobis
-from ccu.model import CCU, ConstraintError
+from ccu.model import CCU, ConstraintError, TheoremNotApplicable
 from ccu.nets import MLP, LeNet, make_classifier
 from ccu.train import Trainer, accuracy
 
 __version__ = "0.3.0"
+
+import ccu.methods  # noqa: E402, F401 - registers the methods and their profile check
 
 __all__ = [
     "CCU",
@@ -39,11 +49,14 @@ __all__ = [
     "CertificateAttack",
     "CertificateCheck",
     "ConstraintError",
+    "DENSITY_FAMILIES",
     "DensityModel",
+    "DiagonalGaussianMixture",
     "GaussianMixture",
     "LeNet",
     "Mahalanobis",
     "Profile",
+    "TheoremNotApplicable",
     "Theorem1Terms",
     "TrainSettings",
     "Trainer",
@@ -57,11 +70,13 @@ __all__ = [
     "float32_deviation",
     "confidence_bound",
     "confidence_score",
+    "get_density_family",
     "get_profile",
     "init_ccu",
     "log_ratio_bound",
     "make_classifier",
     "nearest_training_point",
+    "register_density",
     "sample_in_ball",
     "theorem1_distance",
     "theorem1_terms",

@@ -268,11 +268,11 @@ def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False)
     typo, though any ``l`` gives a valid condition). Negative log terms are clipped at 0.
     """
     _check_model(model)
+    gin, gout = model.theorem1_densities()  # spherical GMMs only: otherwise it does not apply
     model.check_constraint()  # Theorem 1 (unlike Corollary 1) needs min theta > max sigma
     eps = float(eps)
     if not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be a positive number; got {eps}.")
-    gin, gout = model._gmms()
     z = _centres(model, z)
     M = model.num_classes
     wz = whiten64(model.metric, z, model.dim)

@@ -1,10 +1,27 @@
 """Density models that can bound themselves over a ball, and the paper's Gaussian mixture.
 
-A :class:`DensityModel` gives ``log p(x)`` and, for centres ``x0`` and radii ``R``, a lower and an
-upper bound of ``log p(x)`` over the ball ``d(x, x0) <= R`` of its metric. That is all the CCU
-model needs to be certified (Corollary 1): any new density model that implements
-:meth:`DensityModel.ball_bounds` plugs in and gets certificates for free. The book chapter
-*Corollary 1 and the certified radius* shows how.
+The protocol (:class:`DensityModel`) is exactly what the library calls. A density lives in the
+*whitened* coordinates ``w = metric.whiten(x)`` of its :class:`ccu.Mahalanobis` metric, where the
+metric's balls ``d(x, x0) <= R`` are Euclidean balls ``|w - w0| <= R``. It must give
+
+* :meth:`~DensityModel.log_prob_whitened` ``(w) -> log p(x)``, (N,), differentiable;
+* :meth:`~DensityModel.ball_bounds_whitened` ``(w0) ->`` :class:`BallBounds` whose ``upper(R)``
+  and ``lower(R)`` satisfy, for every centre ``n``, every ``R >= 0`` and every ``w`` with
+  ``|w - w0_n| <= R_n``::
+
+      lower(R)_n  <=  log p(w)  <=  upper(R)_n          (float64; both non-decreasing in the
+                                                         ball: upper grows, lower shrinks with R)
+
+  This inequality is all Corollary 1 needs: any density that keeps it gets certificates;
+* :meth:`~DensityModel.fit` ``(x, metric, seed, **options)``: a density fitted to data (how
+  :func:`ccu.init_ccu` builds one);
+
+and may override :meth:`~DensityModel.parameter_groups` (its learning rate and weight decay),
+:meth:`~DensityModel.after_step` (a constraint applied after every optimiser step),
+:meth:`~DensityModel.config` / :meth:`~DensityModel.empty` (save and load) and the Theorem 1
+declaration :attr:`~DensityModel.theorem1`. :func:`ccu.testing.check_density` tests a density
+against its ball bounds. Families register by name (:func:`register_density`); the book chapter
+*Try your own density model* walks through one.
 
 :class:`GaussianMixture` is eq. "model_GMM": ``p(x) = sum_k alpha_k exp(-d(x, mu_k)^2 / 2 sigma_k^2)``
 with ``alpha_k = w_k (2 pi sigma_k^2)^{-D/2} (det C)^{-1/2}``, a properly normalised mixture of
@@ -13,7 +30,9 @@ with ``alpha_k = w_k (2 pi sigma_k^2)^{-D/2} (det C)^{-1/2}``, a properly normal
 
 from __future__ import annotations
 
+import abc
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -23,57 +42,160 @@ from ccu.metric import Mahalanobis, log_normaliser, squared_distances
 from ccu.validation import as_tensor, check_batch, check_finite
 
 
-class BallBounds:
-    """Bounds of a density's log-density over balls around fixed centres, as functions of R.
+class BallBounds(abc.ABC):
+    """Bounds of a density's log-density over balls around ``n`` fixed centres, functions of R.
 
     Computed once per set of centres (the expensive part: distances to the components), then
     evaluated for many radii (the bisection of :func:`ccu.certified_radius`). All float64.
     """
 
-    def upper(self, radius: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
-        """Upper bound of ``max_{d(x, x0) <= R} log p(x)``, shape (N,)."""
-        raise NotImplementedError
+    def __init__(self, n: int):
+        self.n = int(n)  # the number of centres
 
-    def lower(self, radius: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
-        """Lower bound of ``min_{d(x, x0) <= R} log p(x)``, shape (N,)."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def upper(self, radius: torch.Tensor) -> torch.Tensor:
+        """``>= max_{|w - w0| <= R} log p(w)`` for each centre; radius (n,) -> (n,) float64."""
+
+    @abc.abstractmethod
+    def lower(self, radius: torch.Tensor) -> torch.Tensor:
+        """``<= min_{|w - w0| <= R} log p(w)`` for each centre; radius (n,) -> (n,) float64."""
+
+    @staticmethod
+    def from_functions(
+        n: int,
+        upper: Callable[[torch.Tensor], torch.Tensor],
+        lower: Callable[[torch.Tensor], torch.Tensor],
+    ) -> BallBounds:
+        """Bounds from two functions of the radius (handy for a density written in a notebook)."""
+        return _FunctionBallBounds(n, upper, lower)
 
 
-class DensityModel(nn.Module):
-    """Protocol for densities usable in :class:`ccu.CCU`.
+class _FunctionBallBounds(BallBounds):
+    def __init__(self, n, upper, lower):
+        super().__init__(n)
+        self._upper, self._lower = upper, lower
 
-    Subclasses define ``metric`` (a :class:`ccu.Mahalanobis`, the metric of their balls),
-    :meth:`log_prob` and :meth:`ball_bounds`. ``log_prob_whitened`` may be overridden to share the
-    whitening of the input between the in- and out-density.
+    def upper(self, radius):
+        return self._upper(radius)
+
+    def lower(self, radius):
+        return self._lower(radius)
+
+
+class DensityModel(nn.Module, abc.ABC):
+    """The density protocol of :class:`ccu.CCU` (see the module docstring for the contract).
+
+    Subclasses call ``super().__init__(metric)`` and implement :meth:`log_prob_whitened`,
+    :meth:`ball_bounds_whitened` and :meth:`fit`.
     """
 
-    metric: Mahalanobis
+    #: short family name, set by :func:`register_density` (results and tables name it)
+    family: str = ""
+    #: True only for densities Theorem 1 is proved for (spherical Gaussian mixtures with
+    #: ``min theta > max sigma``); otherwise :func:`ccu.theorem1_distance` refuses the model
+    theorem1: bool = False
+    #: learning rate of the density's parameters (None: the dataset's ``gmm_lr``) and weight decay
+    learning_rate: float | None = None
+    weight_decay: float = 0.0
+
+    def __init__(self, metric: Mahalanobis | None = None):
+        super().__init__()
+        if metric is not None:
+            if not isinstance(metric, Mahalanobis):
+                raise TypeError(f"metric must be a ccu.Mahalanobis; got {type(metric).__name__}.")
+            self.metric = metric
 
     @property
     def dim(self) -> int:
         return self.metric.dim
 
+    # ------------------------------------------------------------------ required
+    @abc.abstractmethod
+    def log_prob_whitened(self, w: torch.Tensor) -> torch.Tensor:
+        """``log p(x)`` for whitened inputs ``w = metric.whiten(x)``, (N, D) -> (N,)."""
+
+    @abc.abstractmethod
+    def ball_bounds_whitened(self, w0: torch.Tensor) -> BallBounds:
+        """Bounds over the balls ``|w - w0_n| <= R`` around float64 whitened centres (N, D)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def fit(cls, x: torch.Tensor, metric: Mahalanobis, seed: int = 0, **options) -> DensityModel:
+        """A density of this family fitted to data ``x`` (N, ...) under ``metric``."""
+
+    # ------------------------------------------------------------------ optional
+    def parameter_groups(self, settings) -> list[dict]:
+        """Optimiser groups for this density's trainable parameters (:class:`ccu.Trainer`)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        if not params:
+            return []
+        lr = settings.gmm_lr if self.learning_rate is None else self.learning_rate
+        return [{"params": params, "lr": lr, "weight_decay": self.weight_decay}]
+
+    def after_step(self, model) -> None:
+        """Called (without gradients) after every optimiser step and once before training, with
+        the :class:`ccu.CCU` model the density belongs to: enforce constraints here."""
+
+    def config(self) -> dict:
+        """What :meth:`empty` needs to rebuild this density's shapes (JSON-able)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot be saved by ccu.experiment: implement config() and "
+            "empty() (the shapes to rebuild it before its state dict is loaded)."
+        )
+
+    @classmethod
+    def empty(cls, metric: Mahalanobis, **config) -> DensityModel:
+        """A density of the shapes in ``config`` (values are then loaded from a state dict)."""
+        raise NotImplementedError(f"{cls.__name__} does not implement empty(metric, **config).")
+
+    # ------------------------------------------------------------------ conveniences
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         """``log p(x)`` for a batch (N, ...) -> (N,)."""
         x = check_batch(x, self.dim)
         return self.log_prob_whitened(self.metric.whiten(x))
 
-    def log_prob_whitened(self, w: torch.Tensor) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
-
     def ball_bounds(self, x0: torch.Tensor) -> BallBounds:
         """Bounds over balls around the centres ``x0`` (N, ...), as functions of the radius."""
         return self.ball_bounds_whitened(whiten64(self.metric, x0, self.dim))
 
-    def ball_bounds_whitened(self, w0: torch.Tensor) -> BallBounds:  # pragma: no cover
-        """Same as :meth:`ball_bounds` for centres already whitened in float64 (N, D)."""
-        raise NotImplementedError
-
     def log_prob_bounds(self, x0, radius) -> tuple[torch.Tensor, torch.Tensor]:
         """(lower, upper) bounds of ``log p`` over the balls ``d(x, x0) <= radius``; float64 (N,)."""
+        x0 = check_batch(as_tensor(x0, "x0"), self.dim, "x0")
         bounds = self.ball_bounds(x0)
-        radius = _radius(radius, bounds.n)
+        radius = _radius(radius, x0.shape[0])
         return bounds.lower(radius), bounds.upper(radius)
+
+
+#: density families by name (``CCU-<name>`` trains CCU with that family)
+DENSITY_FAMILIES: dict[str, type[DensityModel]] = {}
+
+
+def register_density(name: str):
+    """Class decorator: make a :class:`DensityModel` available as family ``name`` (e.g. for the
+    method ``CCU-<name>`` and for loading saved models). Re-registering a name replaces it."""
+    if not name or not all(c.isalnum() or c in "-_" for c in name):
+        raise ValueError(f"a density family name is letters, digits, '-' or '_'; got {name!r}.")
+
+    def deco(cls):
+        if not (isinstance(cls, type) and issubclass(cls, DensityModel)):
+            raise TypeError(f"register_density needs a DensityModel subclass; got {cls!r}.")
+        cls.family = name
+        DENSITY_FAMILIES[name] = cls
+        return cls
+
+    return deco
+
+
+def get_density_family(family) -> type[DensityModel]:
+    """A family by name (or the class itself); unknown names list the registered ones."""
+    if isinstance(family, type) and issubclass(family, DensityModel):
+        return family
+    if family not in DENSITY_FAMILIES:
+        raise ValueError(
+            f"unknown density family {family!r}; registered: {sorted(DENSITY_FAMILIES)} "
+            "(add one with @ccu.register_density(name))."
+        )
+    return DENSITY_FAMILIES[family]
 
 
 def whiten64(metric: Mahalanobis, x0, dim: int) -> torch.Tensor:
@@ -105,10 +227,10 @@ class _GMMBallBounds(BallBounds):
     """Corollary 1's bounds for a GMM: reverse triangle inequality on each component."""
 
     def __init__(self, dist: torch.Tensor, log_alpha: torch.Tensor, log_var: torch.Tensor):
+        super().__init__(dist.shape[0])
         self.dist = dist  # (N, K) float64 distances from the centres to the means
         self.log_alpha = log_alpha  # (K,)
         self.two_var = 2.0 * log_var.exp()  # (K,)
-        self.n = dist.shape[0]
 
     def upper(self, radius: torch.Tensor) -> torch.Tensor:
         radius = radius.to(self.dist)
@@ -120,7 +242,26 @@ class _GMMBallBounds(BallBounds):
         return torch.logsumexp(self.log_alpha - farthest.square() / self.two_var, dim=1)
 
 
-class GaussianMixture(DensityModel):
+class ScaleConstraint:
+    """Mixtures whose components have a scale (variance) per component: the paper's constraint
+    ``min_l theta_l > max_k sigma_k`` (out-scales above in-scales) is stated through these."""
+
+    def log_variance_range(self) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        """(smallest, largest) log-variance over all components and directions (scalars)."""
+        raise NotImplementedError
+
+    def raise_log_variances_(self, floor: float) -> None:  # pragma: no cover
+        """Clamp every log-variance to at least ``floor`` (in place, no gradients)."""
+        raise NotImplementedError
+
+    def after_step(self, model) -> None:
+        """As the out-density: ``theta >= 2 max sigma`` after every step (the paper's rule)."""
+        if self is model.density_out and isinstance(model.density_in, ScaleConstraint):
+            model.enforce_constraint()
+
+
+@register_density("gmm")
+class GaussianMixture(ScaleConstraint, DensityModel):
     """Eq. "model_GMM": spherical Gaussians in the metric ``d``, normalised, in log space.
 
     Parameters
@@ -136,10 +277,10 @@ class GaussianMixture(DensityModel):
     of one more for the K means. ``.means`` returns them in input space.
     """
 
+    theorem1 = True
+
     def __init__(self, means, log_variances, log_weights, metric: Mahalanobis, train_weights=False):
-        super().__init__()
-        if not isinstance(metric, Mahalanobis):
-            raise TypeError(f"metric must be a ccu.Mahalanobis; got {type(metric).__name__}.")
+        DensityModel.__init__(self, metric)
         means = as_tensor(means, "means", dtype=torch.float64)
         if means.ndim != 2:
             raise ValueError(f"means must have shape (K, D); got {tuple(means.shape)}.")
@@ -156,7 +297,7 @@ class GaussianMixture(DensityModel):
     ) -> GaussianMixture:
         """Build from means given in the metric's whitened coordinates."""
         self = cls.__new__(cls)
-        DensityModel.__init__(self)
+        DensityModel.__init__(self, metric)
         w = as_tensor(whitened_means, "whitened_means", dtype=torch.float64)
         if w.ndim != 2 or w.shape[1] != metric.dim:
             raise ValueError(
@@ -209,6 +350,27 @@ class GaussianMixture(DensityModel):
         """``sigma_k`` (K,)."""
         return (0.5 * self.log_variances).exp()
 
+    def log_variance_range(self):
+        lv = self.log_variances.detach()
+        return lv.min(), lv.max()
+
+    @torch.no_grad()
+    def raise_log_variances_(self, floor: float) -> None:
+        self.log_variances.clamp_(min=float(floor))
+
+    def config(self) -> dict:
+        return {
+            "n_components": self.n_components,
+            "train_weights": bool(self.log_weight_logits.requires_grad),
+        }
+
+    @classmethod
+    def empty(cls, metric: Mahalanobis, n_components: int, train_weights: bool = False):
+        k = int(n_components)
+        log_w = torch.full((k,), -float(np.log(k)), dtype=torch.float64)
+        zeros = torch.zeros(k, metric.dim)
+        return cls.from_whitened(zeros, torch.zeros(k), log_w, metric, train_weights)
+
     def log_alpha(self) -> torch.Tensor:
         """``log alpha_k``: log weight plus the Gaussian's log normaliser (K,)."""
         return self.log_weights + log_normaliser(
@@ -254,9 +416,9 @@ class GaussianMixture(DensityModel):
     def fit(
         cls,
         x,
-        n_components: int,
         metric: Mahalanobis,
         seed: int = 0,
+        n_components: int = 100,
         max_iter: int = 100,
         reg_covar: float = 1e-6,
         verbose: bool = False,
@@ -268,17 +430,7 @@ class GaussianMixture(DensityModel):
         """
         from sklearn.mixture import GaussianMixture as SkGMM
 
-        x = as_tensor(x, "x", dtype=torch.float64)
-        if x.ndim < 2:
-            raise ValueError(f"x must be a batch (N, ...); got shape {tuple(x.shape)}.")
-        x = check_batch(x, metric.dim)
-        if not isinstance(n_components, int | np.integer) or n_components < 1:
-            raise ValueError(f"n_components must be a positive integer; got {n_components!r}.")
-        if x.shape[0] < n_components:
-            raise ValueError(
-                f"cannot fit {n_components} components to {x.shape[0]} points; use fewer components."
-            )
-        w = (x @ metric.whitening.double().cpu()).numpy()
+        w = _whitened_data(x, metric, n_components)
         start = time.perf_counter()
         sk = SkGMM(
             n_components=int(n_components),
@@ -302,3 +454,23 @@ class GaussianMixture(DensityModel):
             f"n_components={self.n_components}, dim={self.dim}, "
             f"sigma in [{float(s.min()):.3g}, {float(s.max()):.3g}]"
         )
+
+
+def _whitened_data(x, metric: Mahalanobis, n_components: int) -> np.ndarray:
+    """Data checked and whitened in float64 for EM (numpy, on the CPU)."""
+    if not isinstance(metric, Mahalanobis):
+        raise TypeError(
+            f"fit(x, metric, seed, n_components=K) takes a ccu.Mahalanobis as metric; got "
+            f"{type(metric).__name__}."
+        )
+    x = as_tensor(x, "x", dtype=torch.float64)
+    if x.ndim < 2:
+        raise ValueError(f"x must be a batch (N, ...); got shape {tuple(x.shape)}.")
+    x = check_batch(x, metric.dim)
+    if not isinstance(n_components, int | np.integer) or n_components < 1:
+        raise ValueError(f"n_components must be a positive integer; got {n_components!r}.")
+    if x.shape[0] < n_components:
+        raise ValueError(
+            f"cannot fit {n_components} components to {x.shape[0]} points; use fewer components."
+        )
+    return (x @ metric.whitening.double().cpu()).numpy()

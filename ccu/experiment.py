@@ -83,7 +83,11 @@ def run_method(
     cls = get_method(method)
     m = cls(data.spec, settings, prof, seed=seed, device=device)
     files = store.MethodStore(store.method_dir(prof.name, dataset, method, root))
-    config = dict(_config(dataset, method, prof, settings, seed, data), network=m.network_kind())
+    config = dict(
+        _config(dataset, method, prof, settings, seed, data),
+        network=m.network_kind(),
+        **m.extra_config(),
+    )
     with store.locked(files.directory, f"{method} on {dataset}"):
         if retrain:
             files.clear()
@@ -295,6 +299,31 @@ def _attack_one(name, run, seeds, radii, model_metric, prof, seed, key, director
     return row, worst_x, worst
 
 
+def _own_certificate(model, worst_x, seeds, radii, ok, level) -> dict:
+    """A certifying method's worst points against its own bound over the balls (float64)."""
+    own_radius = ccu.certified_radius(model, seeds, level=level).cpu()
+    own_ok = ccu.certified_mask(own_radius)
+    out = {
+        "n_own_certified": int(own_ok.sum()),
+        "median_own_radius": float(own_radius[own_ok].median()) if bool(own_ok.any()) else None,
+        "bound_violations": 0,
+        "points_outside_balls": 0,
+        "max_confidence_float64": None,
+        "max_float32_deviation": 0.0,
+        "max_bound_over_balls": None,
+    }
+    if bool(ok.any()):
+        check = ccu.check_certificate(model, torch.from_numpy(worst_x), seeds[ok], radii[ok])
+        out.update(
+            bound_violations=check.n_violations,
+            points_outside_balls=check.n_outside,
+            max_confidence_float64=float(check.confidence64.max()),
+            max_float32_deviation=check.max_float32_deviation,
+            max_bound_over_balls=float(check.bound.max()),
+        )
+    return out
+
+
 def adversarial_noise(
     runs: dict[str, RunResult],
     data: Dataset,
@@ -305,7 +334,10 @@ def adversarial_noise(
 ) -> AdversarialResult:
     """Table 1: certify balls around uniform noise with CCU, attack every method inside them.
 
-    Needs a ``"CCU"`` run (its metric and certified radii define the balls). Seeds whose bound at
+    The balls come from the ``"CCU"`` run (else the first run whose method has a certifier): its
+    metric and certified radii. Every method with a certifier (``CCU``, ``CCU-<family>``) is also
+    checked against its own Corollary 1 bound over those balls (``certificate`` in its row). Seeds
+    whose bound at
     ``R = 0`` is above ``level / M`` are **uncertified**: they get no ball, are not attacked and
     are counted apart (``n_certified``, ``n_uncertified``). Per method, over the certified seeds:
     TE, SR, AUC (strict: ties are failures), the worst scores and points. The certified AUC
@@ -313,10 +345,15 @@ def adversarial_noise(
     the float64 model (:func:`ccu.check_certificate`). Methods attacked before a kill are not
     attacked again. Saves ``table1.json`` and ``adversarial.npz`` and returns what they hold.
     """
-    if "CCU" not in runs:
-        raise ValueError("adversarial noise needs a trained CCU run: its certified balls.")
+    certifying = [n for n, r in runs.items() if r.method.certifier() is not None]
+    if not certifying:
+        raise ValueError(
+            "adversarial noise needs a trained CCU run (or another method with a certifier): its "
+            "certified balls."
+        )
+    ball_method = "CCU" if "CCU" in certifying else certifying[0]
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
-    model = runs["CCU"].method.model
+    model = runs[ball_method].method.certifier()
     directory = store.adversarial_dir(prof.name, data.name, root)
     with store.locked(directory, "the adversarial-noise experiment"):
         seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
@@ -330,9 +367,10 @@ def adversarial_noise(
             model.metric, seeds.reshape(len(seeds), -1), everything
         )
         inside = (nearest.cpu() <= radii) & ok
-        ccu_conf = runs["CCU"].scores["test_confidence"]
+        ccu_conf = runs[ball_method].scores["test_confidence"]
         guaranteed = torch.where(ok, bound, 1.0).numpy()  # no ball: no guarantee
         summary = {
+            "balls_from": ball_method,
             "n_seeds": prof.n_seeds,
             "n_certified": int(ok.sum()),
             "n_uncertified": int((~ok).sum()),
@@ -341,7 +379,9 @@ def adversarial_noise(
             "certified_auc": ev.strict_auc(ccu_conf, guaranteed),
             "median_radius": float(radii[ok].median()) if bool(ok.any()) else float("nan"),
         }
-        key_balls = _digest(seeds.numpy(), radii.numpy(), level, runs["CCU"].config.get("files"))
+        key_balls = _digest(
+            seeds.numpy(), radii.numpy(), level, runs[ball_method].config.get("files")
+        )
         per_method, worst_x, worst_score = {}, {}, {}
         for name, run in runs.items():
             key = _digest(
@@ -351,16 +391,15 @@ def adversarial_noise(
             per_method[name], worst_x[name], worst_score[name] = _attack_one(
                 name, run, seeds[ok], radii[ok], model.metric, prof, seed, key, directory
             )
-        if "CCU" in per_method and bool(ok.any()):  # the certificate, judged in float64
-            check = ccu.check_certificate(model, torch.from_numpy(worst_x["CCU"]), seeds[ok],
-                                          radii[ok])  # fmt: skip
-            summary["ccu_bound_violations"] = check.n_violations
-            summary["ccu_points_outside_balls"] = check.n_outside
-            summary["ccu_max_confidence_float64"] = float(check.confidence64.max())
-            summary["ccu_max_float32_deviation"] = check.max_float32_deviation
-        else:
-            summary["ccu_bound_violations"] = 0
-            summary["ccu_points_outside_balls"] = 0
+        for name in certifying:  # each certificate over these balls, judged in float64
+            per_method[name]["certificate"] = _own_certificate(
+                runs[name].method.certifier(), worst_x[name], seeds, radii, ok, level
+            )
+        own = per_method[ball_method]["certificate"]
+        summary["ccu_bound_violations"] = own["bound_violations"]
+        summary["ccu_points_outside_balls"] = own["points_outside_balls"]
+        summary["ccu_max_confidence_float64"] = own["max_confidence_float64"]
+        summary["ccu_max_float32_deviation"] = own["max_float32_deviation"]
         summary["methods"] = per_method
         result = AdversarialResult(
             summary, seeds.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score

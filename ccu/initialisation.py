@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ccu.density import GaussianMixture
+from ccu.density import get_density_family
 from ccu.metric import Mahalanobis
 from ccu.model import CCU
 
@@ -27,9 +27,13 @@ def init_ccu(
     seed: int = 0,
     x_metric: torch.Tensor | None = None,
     max_out: int = 20000,
+    density="gmm",
 ) -> CCU:
     """A CCU model around ``classifier`` with metric and mixtures fitted to the data.
 
+    ``density`` is a density family (a registered name such as ``"gmm"``, the paper's, or
+    ``"diag"``, or a :class:`ccu.DensityModel` class); both densities are fitted with its
+    ``fit(x, metric, seed=..., n_components=K)``.
     ``x_metric`` (default ``x_in``) is the data for the covariance, e.g. augmented in-data.
     At most ``max_out`` out-distribution points (the paper: 20,000) are used for EM.
     """
@@ -39,8 +43,9 @@ def init_ccu(
     if len(x_out) > max_out:
         gen = torch.Generator().manual_seed(seed)
         x_out = x_out[torch.randperm(len(x_out), generator=gen)[:max_out]]
-    gmm_in = GaussianMixture.fit(x_in, k_in, metric, seed=seed)
-    gmm_out = GaussianMixture.fit(x_out, k_out, metric, seed=seed + 1)
-    model = CCU(classifier, gmm_in, gmm_out, num_classes, lam=lam)
-    model.enforce_constraint()
+    family = get_density_family(density)
+    density_in = family.fit(x_in, metric, seed=seed, n_components=k_in)
+    density_out = family.fit(x_out, metric, seed=seed + 1, n_components=k_out)
+    model = CCU(classifier, density_in, density_out, num_classes, lam=lam)
+    model.after_step()  # the densities' constraints (for mixtures: theta >= 2 max sigma)
     return model

@@ -17,12 +17,16 @@ import math
 import torch
 from torch import nn
 
-from ccu.density import DensityModel, GaussianMixture
+from ccu.density import DensityModel, GaussianMixture, ScaleConstraint
 from ccu.validation import check_batch
 
 
 class ConstraintError(ValueError):
     """The model violates ``min_l theta_l > max_k sigma_k`` (Theorem 1's assumption)."""
+
+
+class TheoremNotApplicable(TypeError):
+    """Theorem 1 is not proved for this model's densities (Corollary 1 still holds)."""
 
 
 class CCU(nn.Module):
@@ -137,21 +141,43 @@ class CCU(nn.Module):
         return self.logits(x).argmax(dim=1)
 
     # ------------------------------------------------------------------ the constraint
-    def _gmms(self) -> tuple[GaussianMixture, GaussianMixture]:
-        if not (
-            isinstance(self.density_in, GaussianMixture)
-            and isinstance(self.density_out, GaussianMixture)
-        ):
+    @property
+    def has_scale_constraint(self) -> bool:
+        """Both densities have component scales, so ``min theta > max sigma`` is defined."""
+        return isinstance(self.density_in, ScaleConstraint) and isinstance(
+            self.density_out, ScaleConstraint
+        )
+
+    def _scales(self) -> tuple[ScaleConstraint, ScaleConstraint]:
+        if not self.has_scale_constraint:
             raise TypeError(
-                "this needs Gaussian mixtures for both densities (sigma_k and theta_l); got "
+                "the constraint min theta > max sigma needs densities with component scales "
+                "(ccu.GaussianMixture, ccu.DiagonalGaussianMixture); got "
                 f"{type(self.density_in).__name__} and {type(self.density_out).__name__}."
             )
         return self.density_in, self.density_out
 
+    def theorem1_densities(self) -> tuple[GaussianMixture, GaussianMixture]:
+        """The two mixtures Theorem 1 is about; raises :class:`TheoremNotApplicable` unless both
+        densities declare ``theorem1`` (spherical Gaussian mixtures)."""
+        ok = all(
+            isinstance(d, GaussianMixture) and d.theorem1
+            for d in (self.density_in, self.density_out)
+        )
+        if not ok:
+            raise TheoremNotApplicable(
+                "Theorem 1 is proved for spherical Gaussian mixtures (ccu.GaussianMixture) as in- "
+                f"and out-density; this model has {type(self.density_in).__name__} and "
+                f"{type(self.density_out).__name__}, so Theorem 1 does not apply and no distance "
+                "is given. Corollary 1 (ccu.confidence_bound, ccu.certified_radius) holds for any "
+                "ccu.DensityModel."
+            )
+        return self.density_in, self.density_out
+
     def constraint_gap(self) -> float:
-        """``min_l log theta_l - max_k log sigma_k`` (> 0 when Theorem 1 applies)."""
-        gin, gout = self._gmms()
-        return 0.5 * float(gout.log_variances.detach().min() - gin.log_variances.detach().max())
+        """``min_l log theta_l - max_k log sigma_k`` (> 0 when Theorem 1's assumption holds)."""
+        gin, gout = self._scales()
+        return 0.5 * float(gout.log_variance_range()[0] - gin.log_variance_range()[1])
 
     def constraint_holds(self) -> bool:
         """``min_l theta_l > max_k sigma_k``."""
@@ -160,11 +186,13 @@ class CCU(nn.Module):
     def check_constraint(self) -> None:
         """Raise :class:`ConstraintError` unless ``min theta > max sigma``."""
         if not self.constraint_holds():
-            gin, gout = self._gmms()
+            gin, gout = self._scales()
+            theta = math.exp(0.5 * float(gout.log_variance_range()[0]))
+            sigma = math.exp(0.5 * float(gin.log_variance_range()[1]))
             raise ConstraintError(
-                f"min theta = {float(gout.sigmas.min()):.4g} is not larger than max sigma = "
-                f"{float(gin.sigmas.max()):.4g}: Theorem 1's assumption fails. Call "
-                "model.enforce_constraint() (the paper does so after every gradient step)."
+                f"min theta = {theta:.4g} is not larger than max sigma = {sigma:.4g}: Theorem 1's "
+                "assumption fails. Call model.enforce_constraint() (the paper does so after every "
+                "gradient step)."
             )
 
     @torch.no_grad()
@@ -172,6 +200,12 @@ class CCU(nn.Module):
         """``theta_l <- max(theta_l, factor * max_k sigma_k)`` (the paper: factor 2, every step)."""
         if factor <= 1:
             raise ValueError(f"factor must be > 1 for a strict constraint; got {factor}.")
-        gin, gout = self._gmms()
-        floor = gin.log_variances.max() + 2.0 * math.log(factor)
-        gout.log_variances.clamp_(min=float(floor))
+        gin, gout = self._scales()
+        gout.raise_log_variances_(float(gin.log_variance_range()[1]) + 2.0 * math.log(factor))
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Each density's constraint hook (:meth:`ccu.DensityModel.after_step`); the trainer calls
+        it after every optimiser step and once before training."""
+        self.density_in.after_step(self)
+        self.density_out.after_step(self)

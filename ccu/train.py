@@ -86,14 +86,13 @@ class Trainer:
 
     def _optimizer(self, model: nn.Module):
         s = self.settings
-        gmm_ids = set()
-        if isinstance(model, CCU):
-            gmm_ids = {id(p) for d in (model.density_in, model.density_out) for p in d.parameters()}
-        gmm = [p for p in model.parameters() if id(p) in gmm_ids and p.requires_grad]
-        rest = [p for p in model.parameters() if id(p) not in gmm_ids and p.requires_grad]
-        groups = [{"params": rest, "weight_decay": s.weight_decay}]
-        if gmm:
-            groups.append({"params": gmm, "lr": s.gmm_lr, "weight_decay": 0.0})
+        density_groups, density_ids = [], set()
+        if isinstance(model, CCU):  # each density declares its own groups (lr, weight decay)
+            for d in (model.density_in, model.density_out):
+                density_groups += d.parameter_groups(s)
+                density_ids |= {id(p) for p in d.parameters()}
+        rest = [p for p in model.parameters() if id(p) not in density_ids and p.requires_grad]
+        groups = [{"params": rest, "weight_decay": s.weight_decay}, *density_groups]
         if s.optimizer == "adam":
             return torch.optim.Adam(groups, lr=s.lr)
         if s.optimizer == "sgd":
@@ -131,7 +130,7 @@ class Trainer:
         )
         torch.manual_seed(self.seed)
         if is_ccu:
-            model.enforce_constraint()
+            model.after_step()
         hist, start = History(), 0
         if checkpoint is not None and Path(checkpoint).exists():
             start, hist = self._resume(Path(checkpoint), model, opt, sched, loader)
@@ -150,8 +149,9 @@ class Trainer:
                 loss.backward()
                 opt.step()
                 if is_ccu:
-                    model.enforce_constraint()
-                    hist.constraint_gap.append(model.constraint_gap())
+                    model.after_step()
+                    if model.has_scale_constraint:
+                        hist.constraint_gap.append(model.constraint_gap())
                 tot_loss += float(loss.detach()) * len(x)
                 tot_correct += float((logits.argmax(1) == y).sum())
                 tot_n += len(x)

@@ -170,9 +170,12 @@ class _IsotropicGaussian(ccu.DensityModel):
     """A custom density: N(0, s^2 I) with hand-written ball bounds (the protocol in action)."""
 
     def __init__(self, dim, log_var):
-        super().__init__()
-        self.metric = ccu.Mahalanobis.identity(dim)
+        super().__init__(ccu.Mahalanobis.identity(dim))
         self.log_var = log_var
+
+    @classmethod
+    def fit(cls, x, metric, seed=0, **options):
+        return cls(metric.dim, 0.0)
 
     def log_prob_whitened(self, w):
         d = w.shape[1]
@@ -185,8 +188,6 @@ class _IsotropicGaussian(ccu.DensityModel):
         outer = self
 
         class _B(ccu.BallBounds):
-            n = len(dist)
-
             def upper(self, r):
                 return outer.log_prob_whitened(torch.zeros(1, w0.shape[1], dtype=torch.float64)) - (
                     (dist - r).clamp_min(0).square() / (2 * math.exp(outer.log_var))
@@ -197,7 +198,7 @@ class _IsotropicGaussian(ccu.DensityModel):
                     (dist + r).square() / (2 * math.exp(outer.log_var))
                 )
 
-        return _B()
+        return _B(len(dist))
 
 
 def test_a_custom_density_model_is_certified():

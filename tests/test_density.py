@@ -72,13 +72,13 @@ def test_fit_recovers_separated_clusters():
     centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
     x = np.concatenate([c + 0.5 * rng.normal(size=(300, 2)) for c in centres])
     metric = ccu.Mahalanobis.identity(2)
-    gmm = ccu.GaussianMixture.fit(torch.tensor(x), 3, metric, seed=0)
+    gmm = ccu.GaussianMixture.fit(torch.tensor(x), metric, seed=0, n_components=3)
     got = np.sort(gmm.means.detach().numpy(), axis=0)
     np.testing.assert_allclose(got, np.sort(centres, axis=0), atol=0.2)
     np.testing.assert_allclose(gmm.sigmas.detach().numpy(), 0.5, atol=0.05)
     np.testing.assert_allclose(gmm.log_weights.exp().detach().numpy(), 1 / 3, atol=0.02)
     # same seed, same mixture
-    again = ccu.GaussianMixture.fit(torch.tensor(x), 3, metric, seed=0)
+    again = ccu.GaussianMixture.fit(torch.tensor(x), metric, seed=0, n_components=3)
     torch.testing.assert_close(again.whitened_means, gmm.whitened_means)
 
 
@@ -102,6 +102,6 @@ def test_constructor_errors():
     with pytest.raises(ValueError, match="model is 2-dimensional"):
         gmm.log_prob(torch.zeros(3, 5))
     with pytest.raises(ValueError, match="fewer components"):
-        ccu.GaussianMixture.fit(torch.zeros(2, 2), 5, metric)
+        ccu.GaussianMixture.fit(torch.zeros(2, 2), metric, n_components=5)
     with pytest.raises(ValueError, match="radius must be >= 0"):
         gmm.log_prob_bounds(torch.zeros(1, 2), -1.0)

@@ -190,8 +190,15 @@ def test_vgg13_for_the_paper_profile_methods():
     """The paper gives MCD and GAN a VGG; the `paper` profile (or `vgg_methods`) does too."""
     from ccu.nets import VGG13
 
-    assert ccu.get_profile("paper").vgg_methods == ("MCD", "GAN")
+    paper = ccu.get_profile("paper")
+    assert paper.paper_networks and paper.vgg_methods == ()
+    # the network is the method's choice: MCD and GAN name VGG13, the others keep the dataset's
+    vgg = {n for n, m in ccu.methods.METHODS.items() if m.paper_network == "vgg13"}
+    assert vgg == {"MCD", "GAN"}
     data = load_dataset("digits").subset(100)
+    for name in ("MCD", "GAN", "Base", "CCU"):
+        m = get_method(name)(data.spec, ccu.train_settings("digits"), paper)
+        assert m.network_kind() == ("vgg13" if name in vgg else "mlp")
     prof = ccu.get_profile("smoke", vgg_methods=["MCD"])  # a list, as papermill passes JSON
     mcd = get_method("MCD")(data.spec, ccu.train_settings("digits"), prof)
     mcd.build(data)

@@ -2,49 +2,68 @@
 
 Every method can be built for a dataset, trained, saved and loaded, predicts classes, and gives a
 differentiable ``score`` (higher = more in-distribution) so that one evaluation and one attack
-serve all of them. Methods are named as in the paper's tables; :data:`METHOD_ORDER` is the
-paper's column order.
+serve all of them. Methods register themselves (:func:`register_method`) under the names of the
+paper's tables; :data:`METHOD_ORDER` is the paper's column order. ``CCU-<family>`` is CCU with
+another registered density family (:func:`ccu.register_density`).
 """
 
 from __future__ import annotations
 
-from ccu.methods.base import BaseMethod, Method
+from ccu.config import PROFILE_CHECKS
+from ccu.density import DENSITY_FAMILIES
+from ccu.methods import gan, posthoc, trained  # noqa: F401 - their methods register themselves
+from ccu.methods.base import METHODS, BaseMethod, Method, register_method
 from ccu.methods.ccu_method import CCUMethod
-from ccu.methods.gan import GANMethod
-from ccu.methods.posthoc import MahaMethod, ODINMethod
-from ccu.methods.trained import ACET2Method, ACETMethod, DEMethod, EDLMethod, MCDMethod, OEMethod
 
 METHOD_ORDER = ("Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU")
 
-METHODS: dict[str, type[Method]] = {
-    m.name: m
-    for m in (
-        BaseMethod,
-        MCDMethod,
-        EDLMethod,
-        DEMethod,
-        GANMethod,
-        ODINMethod,
-        MahaMethod,
-        ACETMethod,
-        ACET2Method,
-        OEMethod,
-        CCUMethod,
-    )
-}
-
 
 def get_method(name: str) -> type[Method]:
-    """The method class called ``name`` (as in the paper's tables)."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}.")
-    return METHODS[name]
+    """The method class called ``name`` (as in the paper's tables; ``CCU-<family>`` for CCU with
+    another density family)."""
+    if name in METHODS:
+        return METHODS[name]
+    if name.startswith("CCU-") and name[4:] in DENSITY_FAMILIES:
+        return CCUMethod.with_density(name[4:])
+    families = ", ".join(f"CCU-{f}" for f in sorted(DENSITY_FAMILIES) if f != CCUMethod.density)
+    raise ValueError(
+        f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}"
+        + (f", and CCU with another density: {families}." if families else ".")
+    )
 
 
 def ordered(names) -> list[str]:
-    """``names`` in the paper's column order."""
+    """``names`` in the paper's column order (CCU variants right after CCU)."""
     rank = {m: i for i, m in enumerate(METHOD_ORDER)}
-    return sorted(names, key=lambda m: rank.get(m, len(rank)))
+
+    def key(m):
+        if m in rank:
+            return (rank[m], "")
+        if m.startswith("CCU-"):
+            return (rank["CCU"], m)
+        return (len(rank), m)
+
+    return sorted(names, key=key)
 
 
-__all__ = ["METHODS", "METHOD_ORDER", "BaseMethod", "CCUMethod", "Method", "get_method", "ordered"]
+def _check_profile(profile) -> None:
+    """Profiles may name methods (``vgg_methods``): they must exist."""
+    bad = sorted(m for m in profile.vgg_methods if m not in METHODS)
+    if bad:
+        raise ValueError(
+            f"vgg_methods names unknown methods {bad}; choose from {list(METHOD_ORDER)}."
+        )
+
+
+PROFILE_CHECKS.append(_check_profile)
+
+__all__ = [
+    "METHODS",
+    "METHOD_ORDER",
+    "BaseMethod",
+    "CCUMethod",
+    "Method",
+    "get_method",
+    "ordered",
+    "register_method",
+]

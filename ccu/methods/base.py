@@ -11,6 +11,17 @@ from ccu.config import Profile, TrainSettings
 from ccu.nets import make_classifier
 from ccu.train import History, Trainer
 
+#: every method by its name in the paper's tables, filled by :func:`register_method`
+METHODS: dict[str, type] = {}
+
+
+def register_method(cls):
+    """Class decorator: make a :class:`Method` available under ``cls.name``."""
+    if not (isinstance(cls, type) and issubclass(cls, Method)) or cls.name in ("", "?"):
+        raise TypeError(f"register_method needs a Method subclass with a name; got {cls!r}.")
+    METHODS[cls.name] = cls
+    return cls
+
 
 class Method:
     """Interface shared by all methods.
@@ -23,6 +34,7 @@ class Method:
 
     name = "?"
     needs_base = False  # True: built from a trained Base (ODIN, Maha) with build_from_base()
+    paper_network: str | None = None  # the paper's network for this method (MCD, GAN: VGG13)
 
     def __init__(self, spec, settings: TrainSettings, profile: Profile, seed=0, device="cpu"):
         self.spec = spec
@@ -47,9 +59,22 @@ class Method:
         return self.model
 
     def network_kind(self) -> str:
-        """The classifier's architecture: VGG13 where the profile asks for it (the paper's MCD and
-        GAN), else the dataset's network."""
+        """The classifier's architecture: the method's own paper network under a profile with
+        ``paper_networks`` (the paper's MCD and GAN: VGG13), VGG13 for the profile's
+        ``vgg_methods``, else the dataset's network."""
+        if self.profile.paper_networks and self.paper_network:
+            return self.paper_network
         return "vgg13" if self.name in self.profile.vgg_methods else self.settings.classifier
+
+    def extra_config(self) -> dict:
+        """Method-specific fields recorded in the run's config (e.g. CCU's density family)."""
+        return {}
+
+    def certifier(self):
+        """A :class:`ccu.CCU` whose Corollary 1 certifies this method's confidences, or None.
+
+        The adversarial-noise experiment certifies and checks every method that has one."""
+        return None
 
     # -- training
     def fit(self, data, checkpoint=None) -> History:
@@ -110,6 +135,7 @@ class Method:
         self.model.to(self.device).eval()
 
 
+@register_method
 class BaseMethod(Method):
     """Base: the classifier alone, cross-entropy on the in-distribution."""
 

@@ -18,7 +18,7 @@ from tqdm.std import tqdm
 
 from ccu.data.loaders import PairedLoader
 from ccu.losses import uniform_cross_entropy
-from ccu.methods.base import BaseMethod
+from ccu.methods.base import BaseMethod, register_method
 from ccu.train import History, Trainer
 
 
@@ -60,10 +60,12 @@ class _Discriminator(nn.Module):
         return self.net(x).squeeze(1)
 
 
+@register_method
 class GANMethod(BaseMethod):
     """Confidence-calibrated classifier + GAN (joint training, ``beta`` = 1)."""
 
     name = "GAN"
+    paper_network = "vgg13"
     latent = 64
     beta = 1.0
 

@@ -11,7 +11,7 @@ import copy
 import torch
 
 from ccu.evaluate import auroc
-from ccu.methods.base import BaseMethod
+from ccu.methods.base import BaseMethod, register_method
 from ccu.train import History
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -78,6 +78,7 @@ class _PostHoc(BaseMethod):
         return History()
 
 
+@register_method
 class ODINMethod(_PostHoc):
     """ODIN (Liang et al. 2018): softmax at temperature T of a pre-processed input.
 
@@ -119,6 +120,7 @@ class ODINMethod(_PostHoc):
         self.temperature, self.eps = state["temperature"], state["eps"]
 
 
+@register_method
 class MahaMethod(_PostHoc):
     """Mahalanobis detector (Lee et al. 2018), single-layer version on the penultimate features.
 

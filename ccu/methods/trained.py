@@ -12,7 +12,7 @@ from torch import nn
 
 from ccu.data.ood import uniform_noise
 from ccu.losses import uniform_cross_entropy
-from ccu.methods.base import BaseMethod
+from ccu.methods.base import BaseMethod, register_method
 from ccu.train import History, Objective, Trainer
 
 
@@ -91,6 +91,7 @@ class _ACETObjective(_OutlierExposure):
         )
 
 
+@register_method
 class OEMethod(BaseMethod):
     """Outlier Exposure (Hendrycks et al. 2019): uniform-label cross-entropy on out-batches,
     weight 0.5 as in the OE paper."""
@@ -102,6 +103,7 @@ class OEMethod(BaseMethod):
         return _OutlierExposure(self.weight)
 
 
+@register_method
 class ACETMethod(BaseMethod):
     """ACET (Hein et al. 2019): OE on out-batches pushed to maximal confidence by PGD
     (l_inf eps 0.3, ``profile.acet_steps`` steps, backtracking), weight 1."""
@@ -115,6 +117,7 @@ class ACETMethod(BaseMethod):
         )
 
 
+@register_method
 class ACET2Method(ACETMethod):
     """ACET2 (the paper's appendix): ACET with the attack's seeds drawn from uniform noise."""
 
@@ -123,6 +126,7 @@ class ACET2Method(ACETMethod):
 
 
 # ----------------------------------------------------------------------------- MCD
+@register_method
 class MCDMethod(BaseMethod):
     """Monte-Carlo dropout (Gal & Ghahramani 2016): dropout 0.5 at train and test time, 7 passes.
 
@@ -134,6 +138,7 @@ class MCDMethod(BaseMethod):
 
     name = "MCD"
     passes = 7
+    paper_network = "vgg13"
     dropout = 0.5
 
     def _classifier(self, **kwargs) -> nn.Module:
@@ -206,6 +211,7 @@ class _EDLObjective(Objective):
         return edl_loss(logits, y, epoch), logits.detach()
 
 
+@register_method
 class EDLMethod(BaseMethod):
     """Evidential deep learning: Dirichlet outputs; confidence = max expected probability."""
 
@@ -235,6 +241,7 @@ class _FGSMObjective(Objective):
         return loss, logits[: len(x)].detach()
 
 
+@register_method
 class DEMethod(BaseMethod):
     """Deep ensemble (Lakshminarayanan et al. 2017): ``profile.ensemble`` members (5 in the
     paper), each trained with FGSM adversarial training; softmax outputs averaged."""

@@ -1,0 +1,197 @@
+"""Bring your own density: the protocol, the second family, the checker, CCU with any family."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import SaturatedClassifier, random_metric
+
+import ccu
+from ccu import experiment
+from ccu.data import load_dataset
+from ccu.methods import get_method
+from ccu.testing import DensityCheckError, check_density
+
+
+@ccu.register_density("iso-test")
+class IsotropicGaussian(ccu.DensityModel):
+    """Written from the protocol's docstring alone: one Gaussian N(m, s^2 I) in whitened space."""
+
+    learning_rate = 1e-3
+
+    def __init__(self, metric, mean, log_var):
+        super().__init__(metric)
+        self.mean = torch.nn.Parameter(torch.as_tensor(mean, dtype=torch.float32).reshape(-1))
+        self.log_var = torch.nn.Parameter(torch.tensor(float(log_var)))
+
+    def _log_norm(self):
+        return -0.5 * self.dim * (math.log(2 * math.pi) + self.log_var)
+
+    def log_prob_whitened(self, w):
+        m, lv = self.mean.to(w.dtype), self.log_var.to(w.dtype)
+        return self._log_norm().to(w.dtype) - 0.5 * (w - m).square().sum(1) / lv.exp()
+
+    def ball_bounds_whitened(self, w0):
+        with torch.no_grad():
+            dist = (w0 - self.mean.double()).norm(dim=1)
+            c, var = float(self._log_norm()), float(self.log_var.exp())
+        return ccu.BallBounds.from_functions(
+            len(w0),
+            upper=lambda r: c - 0.5 * (dist - r).clamp_min(0).square() / var,
+            lower=lambda r: c - 0.5 * (dist + r).square() / var,
+        )
+
+    @classmethod
+    def fit(cls, x, metric, seed=0, **options):
+        w = metric.whiten(x.reshape(len(x), -1).double())
+        return cls(metric, w.mean(0), float(w.var(0).mean().log()))
+
+    def config(self):
+        return {}
+
+    @classmethod
+    def empty(cls, metric):
+        return cls(metric, torch.zeros(metric.dim), 0.0)
+
+    def after_step(self, model):  # keep the out-density wider than the in-density
+        if self is model.density_out:
+            self.log_var.clamp_(min=float(model.density_in.log_var) + math.log(4.0))
+
+
+class TooSmallUpper(ccu.GaussianMixture):
+    """The paper's mixture with an upper bound lowered by 1e-3: slightly wrong."""
+
+    def ball_bounds_whitened(self, w0):
+        good = super().ball_bounds_whitened(w0)
+        return ccu.BallBounds.from_functions(
+            len(w0), upper=lambda r: good.upper(r) - 1e-3, lower=good.lower
+        )
+
+
+def _fitted(family, d=5, k=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    metric = random_metric(gen, d, spread=2.0)
+    x = torch.cat([torch.randn(60, d, generator=gen) + 3 * i for i in range(k)]).double()
+    return family.fit(x, metric, seed=seed, n_components=k), x
+
+
+@pytest.mark.parametrize("family", [ccu.GaussianMixture, ccu.DiagonalGaussianMixture])
+def test_both_shipped_families_pass_the_checker(family):
+    density, x = _fitted(family)
+    report = check_density(density, centres=x[::7], max_examples=25)
+    assert report.passed and report.n_balls == 25 and report.n_points > 25 * 40
+    assert report.max_excess_upper <= 1e-7 and report.max_excess_lower <= 1e-7
+    report = check_density(density, max_examples=15, spread=8.0)  # far from the data too
+    assert report.passed
+
+
+def test_the_checker_catches_an_upper_bound_slightly_too_small():
+    good, x = _fitted(ccu.GaussianMixture)
+    bad = TooSmallUpper.from_whitened(
+        good.whitened_means.detach(), good.log_variances.detach(), good.log_weights.detach(),
+        good.metric,
+    )  # fmt: skip
+    with pytest.raises(DensityCheckError, match="FAILED") as err:
+        check_density(bad, centres=x[::7], max_examples=20)
+    assert "log p - upper" in str(err.value)
+    report = check_density(bad, centres=x[::7], max_examples=20, raise_on_failure=False)
+    assert not report.passed and report.max_excess_upper > 1e-5
+    print(report)
+
+
+def test_a_density_from_the_docs_trains_certifies_and_passes_the_checker(tmp_path):
+    data = load_dataset("digits").subset(400)
+    metric = ccu.Mahalanobis.fit(data.train_x)
+    density = IsotropicGaussian.fit(data.train_x, metric)
+    assert check_density(density, centres=data.test_x[:20], max_examples=15).passed
+    prof = ccu.get_profile("smoke", epochs=2, n_seeds=10, attack_steps=5)
+    run = experiment.run_method("digits", "CCU-iso-test", prof, data=data, root=tmp_path)
+    model = run.method.model
+    assert isinstance(model.density_in, IsotropicGaussian)
+    assert run.config["density_family"] == "iso-test"
+    assert float(model.density_out.log_var) >= float(model.density_in.log_var) + math.log(4) - 1e-6
+    noise = ccu.data.uniform_noise(8, data.spec.shape, 0)
+    r = ccu.certified_radius(model, noise)
+    assert bool(ccu.certified_mask(r).any())
+    with pytest.raises(ccu.TheoremNotApplicable, match="does not apply"):
+        ccu.theorem1_distance(model, noise, data.train_x, 0.1)
+    again = experiment.run_method("digits", "CCU-iso-test", prof, data=data, root=tmp_path)
+    assert again.loaded
+    torch.testing.assert_close(again.method.score(noise), run.method.score(noise))
+    # its own learning rate reaches the optimiser
+    opt = ccu.Trainer(1, ccu.train_settings("digits"))._optimizer(model)
+    lrs = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert lrs[id(model.density_in.mean)] == 1e-3
+    assert lrs[id(next(model.classifier.parameters()))] == ccu.train_settings("digits").lr
+
+
+def test_ccu_diag_trains_and_every_certifying_method_is_checked(tmp_path):
+    data = load_dataset("digits").subset(500)
+    prof = ccu.get_profile("smoke", epochs=3, n_seeds=12, attack_steps=8, attack_restarts=2)
+    runs = {
+        m: experiment.run_method("digits", m, prof, data=data, root=tmp_path)
+        for m in ("Base", "CCU", "CCU-diag")
+    }
+    assert isinstance(runs["CCU-diag"].method.model.density_in, ccu.DiagonalGaussianMixture)
+    assert runs["CCU-diag"].metrics["test_error"] < 0.5
+    adv = experiment.adversarial_noise(runs, data, prof, root=tmp_path)
+    assert adv.summary["balls_from"] == "CCU"
+    for m in ("CCU", "CCU-diag"):
+        cert = adv.methods[m]["certificate"]
+        assert cert["bound_violations"] == 0 and cert["points_outside_balls"] == 0
+    assert "certificate" not in adv.methods["Base"]
+    loaded = experiment.run_method("digits", "CCU-diag", prof, data=data, root=tmp_path)
+    assert loaded.loaded
+    with pytest.raises(ccu.TheoremNotApplicable):
+        ccu.theorem1_distance(loaded.method.model, data.test_x[:2], data.train_x, 0.1)
+
+
+def test_families_and_methods_by_name():
+    assert ccu.get_density_family("diag") is ccu.DiagonalGaussianMixture
+    assert get_method("CCU-diag").name == "CCU-diag"
+    assert get_method("CCU-gmm") is get_method("CCU")
+    with pytest.raises(ValueError, match="CCU-diag"):
+        get_method("CCU-nope")
+    with pytest.raises(ValueError, match="unknown density family"):
+        ccu.get_density_family("nope")
+    with pytest.raises(TypeError, match="abstract"):
+        type("Half", (ccu.DensityModel,), {"log_prob_whitened": lambda s, w: w})()
+
+
+def test_diagonal_mixture_is_normalised_and_is_the_spherical_one_when_isotropic():
+    metric = ccu.Mahalanobis.from_covariance(torch.tensor([[3.0, 1.0], [1.0, 2.0]]))
+    mu = torch.tensor([[0.0, 0.0], [2.0, 1.0]])
+    lw = torch.log(torch.ones(2) / 2)
+    diag = ccu.DiagonalGaussianMixture(mu, torch.tensor([[0.0, 0.5], [-0.3, 0.2]]), lw, metric)
+    g = torch.linspace(-20, 20, 801)
+    xx, yy = torch.meshgrid(g, g, indexing="xy")
+    pts = torch.stack([xx.ravel(), yy.ravel()], 1).double()
+    with torch.no_grad():
+        mass = float(diag.double().log_prob(pts).exp().sum()) * float(g[1] - g[0]) ** 2
+    assert mass == pytest.approx(1.0, abs=2e-3)
+    iso = ccu.DiagonalGaussianMixture(mu, torch.zeros(2, 2) + 0.3, lw, metric).double()
+    sph = ccu.GaussianMixture.from_whitened(mu, torch.zeros(2) + 0.3, lw, metric).double()
+    x = torch.randn(10, 2, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(iso.log_prob(x), sph.log_prob(x))
+    a = iso.ball_bounds_whitened(metric.whiten(x))
+    b = sph.ball_bounds_whitened(metric.whiten(x))
+    r = torch.full((10,), 0.7, dtype=torch.float64)
+    torch.testing.assert_close(a.upper(r), b.upper(r))
+    torch.testing.assert_close(a.lower(r), b.lower(r))
+    assert np.isfinite(float(a.lower(r).min()))
+
+
+def test_the_saturated_worst_case_holds_for_the_diagonal_family():
+    density_in, x = _fitted(ccu.DiagonalGaussianMixture, seed=3)
+    density_out, _ = _fitted(ccu.DiagonalGaussianMixture, seed=4)
+    out = ccu.DiagonalGaussianMixture(
+        density_out.whitened_means.detach(), density_out.log_variances.detach(),
+        density_out.log_weights.detach(), density_in.metric,
+    )  # fmt: skip
+    model = ccu.CCU(SaturatedClassifier(4), density_in, out, 4).double()
+    model.enforce_constraint()
+    centres = 6.0 * torch.randn(5, 5, generator=torch.Generator().manual_seed(1)).double()
+    tried = ccu.attack_certificates(model, centres, steps=40, restarts=3, box=None)
+    assert tried.check.n_violations == 0 and tried.check.n_outside == 0
