@@ -299,13 +299,18 @@ def _attack_one(name, run, seeds, radii, model_metric, prof, seed, key, director
     return row, worst_x, worst
 
 
-def _own_certificate(model, worst_x, seeds, radii, ok, level) -> dict:
-    """A certifying method's worst points against its own bound over the balls (float64)."""
+def _own_certificate(model, worst_x, seeds, radii, ok, level, test_confidence) -> dict:
+    """A certifying method's worst points against its own bound over the balls (float64), and
+    its own certified radii and certified AUC on the same seeds."""
     own_radius = ccu.certified_radius(model, seeds, level=level).cpu()
     own_ok = ccu.certified_mask(own_radius)
+    own_bound = torch.ones_like(own_radius)  # uncertified: no guarantee
+    if bool(own_ok.any()):
+        own_bound[own_ok] = ccu.confidence_bound(model, seeds[own_ok], own_radius[own_ok]).cpu()
     out = {
         "n_own_certified": int(own_ok.sum()),
         "median_own_radius": float(own_radius[own_ok].median()) if bool(own_ok.any()) else None,
+        "own_certified_auc": ev.strict_auc(test_confidence, own_bound.numpy()),
         "bound_violations": 0,
         "points_outside_balls": 0,
         "max_confidence_float64": None,
@@ -393,8 +398,9 @@ def adversarial_noise(
             )
         for name in certifying:  # each certificate over these balls, judged in float64
             per_method[name]["certificate"] = _own_certificate(
-                runs[name].method.certifier(), worst_x[name], seeds, radii, ok, level
-            )
+                runs[name].method.certifier(), worst_x[name], seeds, radii, ok, level,
+                runs[name].scores["test_confidence"],
+            )  # fmt: skip
         own = per_method[ball_method]["certificate"]
         summary["ccu_bound_violations"] = own["bound_violations"]
         summary["ccu_points_outside_balls"] = own["points_outside_balls"]

@@ -163,3 +163,27 @@ def reference_or_none(profile: str, dataset: str, root: Path | None = None) -> d
     except FileNotFoundError as exc:
         print(exc)
         return None
+
+
+def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | None = None):
+    """Density families side by side (chapter *Try your own density model*): one row per
+    certifying method (``CCU``, ``CCU-<family>``) with its test error, AUROC per OOD set (%), its
+    own certified seeds, median certified radius and certified AUC, and its training time."""
+    rows = {}
+    for method in ordered(metrics):
+        cert = table1.get("methods", {}).get(method, {}).get("certificate")
+        if cert is None:
+            continue
+        m = metrics[method]
+        row = {"TE %": 100 * m["test_error"]}
+        for ood, v in m["ood"].items():
+            if "auroc" in v:
+                row[f"AUROC {PAPER_OOD.get(ood, ood)}"] = 100 * v["auroc"]
+        row["certified seeds"] = f"{cert['n_own_certified']}/{table1['n_seeds']}"
+        row["median radius"] = cert["median_own_radius"]
+        row["certified AUC %"] = 100 * cert["own_certified_auc"]
+        row["SR %"] = 100 * table1["methods"][method]["SR"]
+        if config and method in config:
+            row["train s"] = config[method].get("train_seconds")
+        rows[method] = row
+    return pd.DataFrame(rows).T

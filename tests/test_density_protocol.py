@@ -8,7 +8,7 @@ import torch
 from helpers import SaturatedClassifier, random_metric
 
 import ccu
-from ccu import experiment
+from ccu import experiment, report
 from ccu.data import load_dataset
 from ccu.methods import get_method
 from ccu.testing import DensityCheckError, check_density
@@ -141,6 +141,9 @@ def test_ccu_diag_trains_and_every_certifying_method_is_checked(tmp_path):
         cert = adv.methods[m]["certificate"]
         assert cert["bound_violations"] == 0 and cert["points_outside_balls"] == 0
     assert "certificate" not in adv.methods["Base"]
+    table = report.density_comparison({m: r.metrics for m, r in runs.items()}, adv.summary)
+    assert list(table.index) == ["CCU", "CCU-diag"]
+    assert {"TE %", "median radius", "certified AUC %", "AUROC Uniform"} <= set(table.columns)
     loaded = experiment.run_method("digits", "CCU-diag", prof, data=data, root=tmp_path)
     assert loaded.loaded
     with pytest.raises(ccu.TheoremNotApplicable):
