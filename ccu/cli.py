@@ -131,13 +131,18 @@ def _profile(args):
 
 
 def _device(args) -> str:
-    """``auto``: CUDA when available. With ``--gpu-slots DIR`` a CUDA job takes a free GPU."""
-    import torch
-
-    if args.gpu_slots and args.device != "cpu" and not getattr(args, "_slot", None):
+    """``auto``: CUDA when available. With ``--gpu-slots DIR`` a CUDA job first takes a free GPU
+    of this machine (before CUDA is initialised, so that ``CUDA_VISIBLE_DEVICES`` applies)."""
+    if args.gpu_slots and args.device != "cpu" and getattr(args, "_slot", None) is None:
         from ccu import gpuslots
 
-        args._slot = gpuslots.assign(args.gpu_slots, announce=_say)  # held until exit
+        try:
+            args._slot = gpuslots.assign(args.gpu_slots, announce=_say)  # held until exit
+        except gpuslots.NoGPUError as exc:
+            if args.device != "auto":
+                raise UsageError(f"--device {args.device}: {exc}") from exc
+    import torch
+
     if args.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -224,7 +229,8 @@ def _saved_run(dataset, method, prof, seed, root):
             f"{files.config_path}. Run `ccu train --dataset {dataset} --method {method} "
             f"--seed {seed} --profile {prof.name}` first."
         )
-    if config.get("profile") != prof.as_dict() or config.get("seed") != seed:
+    same_profile = config.get("profile") == json.loads(json.dumps(prof.as_dict()))
+    if not same_profile or config.get("seed") != seed:
         raise MissingError(
             f"the saved run in {files.directory} was made with another profile or seed "
             f"({config.get('profile', {}).get('name')}, seed {config.get('seed')}); retrain it "
@@ -394,7 +400,7 @@ def cmd_evaluate(args) -> int:
         else:
             print(
                 f"{name:12s} {100 * m['auroc']:7.1f} {100 * m['aupr_in']:8.1f} "
-                f"{100 * m['fpr_at_95']:7.1f}"
+                f"{100 * m['fpr95']:7.1f}"
             )
     return EXIT_OK
 

@@ -9,7 +9,7 @@ is released when the job ends, however it ends (a crash or a kill does not leak 
 jobs than GPUs arrive (``--resources gpu`` not given), the extra ones wait for a free slot.
 
 The GPUs are those in ``CUDA_VISIBLE_DEVICES`` when it is set (ids or UUIDs), otherwise
-``0 .. torch.cuda.device_count() - 1``. Under Slurm (``SLURM_JOB_ID`` set) the scheduler has
+those ``nvidia-smi`` lists. Under Slurm (``SLURM_JOB_ID`` set) the scheduler has
 already given the job its GPUs, so nothing is locked or changed.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -30,14 +31,23 @@ class NoGPUError(RuntimeError):
 
 
 def visible_gpus(environ=None) -> list[str]:
-    """The GPU ids a job may use: ``CUDA_VISIBLE_DEVICES`` (comma-separated) or all of them."""
+    """The GPU ids a job may use: ``CUDA_VISIBLE_DEVICES`` (comma-separated) or every GPU that
+    ``nvidia-smi`` lists. Neither initialises CUDA in this process (which would freeze the
+    ``CUDA_VISIBLE_DEVICES`` it sees)."""
     environ = os.environ if environ is None else environ
     value = environ.get("CUDA_VISIBLE_DEVICES")
     if value is not None:
         return [g.strip() for g in value.split(",") if g.strip() and g.strip() != "-1"]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()]
 
 
 @dataclass
@@ -78,7 +88,7 @@ def acquire(
     gpus = visible_gpus() if gpus is None else list(gpus)
     if not gpus:
         raise NoGPUError(
-            "no GPU is visible (CUDA_VISIBLE_DEVICES is empty or torch sees no CUDA device); "
+            "no GPU is visible (CUDA_VISIBLE_DEVICES is empty or nvidia-smi lists no GPU); "
             "run with --device cpu, or on a machine with a GPU."
         )
     start, waited = time.monotonic(), False
