@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +40,13 @@ def test_every_subcommand_has_help(command, capsys):
         assert "--seed" in out and "--method" in out
     if command == "run":
         assert "--budget-seconds" in out
+
+
+def test_the_console_script_is_installed():
+    script = Path(sys.executable).parent / "ccu"
+    assert script.exists(), "reinstall the project (pip install -e .) to get the `ccu` command"
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
+    assert "exit codes" in out.stdout
 
 
 def test_python_dash_m_ccu_lists_methods_and_datasets():
@@ -145,6 +153,13 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     t1 = json.loads((out_dir / "table1.json").read_text())
     assert t1["skipped_for_time"] == [] and t1["device"] == "cpu" and t1["wall_seconds_total"] > 0
     assert len(np.loadtxt(out_dir / "radii.csv")) == TINY["n_seeds"]
+    # a time budget skips the methods after CCU and says so
+    argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--seed", "0"]
+    argv += ["--budget-seconds", "1e-9", "--reference-out", str(tmp_path / "ref2"), *common]
+    assert cli.main(argv) == cli.EXIT_OK
+    t1 = json.loads((tmp_path / "ref2" / "smoke" / "digits" / "table1.json").read_text())
+    assert t1["skipped_for_time"] == ["Base"] and list(t1["methods"]) == ["CCU"]
+    capsys.readouterr()
     # evaluate as its own step, and a corrupted metrics file is caught (exit 4)
     step = ["--dataset", "digits", "--method", "CCU", "--seed", "1", *common]
     assert cli.main(["evaluate", *step]) == cli.EXIT_OK
@@ -155,3 +170,21 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     metrics.write_text(metrics.read_text().replace('"auroc": 0.', '"auroc": 0.1'))
     assert cli.main(["evaluate", *step]) == cli.EXIT_CORRUPT
     assert "metrics.json" in capsys.readouterr().err
+
+
+def test_reference_run_py_is_a_front_of_ccu_run():
+    sys.path.insert(0, str(cli.REPO / "tools"))
+    try:
+        import reference_run
+    finally:
+        sys.path.pop(0)
+    argv = reference_run.translate(
+        ["--dataset", "digits", "--methods", "Base", "CCU", "--budget-seconds", "60"]
+    )
+    assert argv[:3] == ["run", "--dataset", "digits"]
+    assert argv[argv.index("--method") + 1 : argv.index("--method") + 3] == ["Base", "CCU"]
+    assert argv[argv.index("--budget-seconds") + 1] == "60.0"
+    assert argv[argv.index("--reference-out") + 1].endswith("reference-results")
+    assert argv[argv.index("--profile") + 1] == "cpu"  # its old defaults
+    args = cli.build_parser().parse_args(argv)
+    assert args.func is cli.cmd_run and args.budget_seconds == 60.0
