@@ -205,11 +205,12 @@ def p_stats_table(runs: SeedRuns) -> pd.DataFrame:
 TABLES = ("table1", "certification", "table2_auroc", "table_aupr", "p_stats")
 
 
-def build_tables(profile: str, dataset: str, root=None, seeds=None, methods=None):
+def build_tables(profile: str, dataset: str, root=None, seeds=None, methods=None, runs=None):
     """Every table of ``dataset`` over ``seeds`` (default: all present) as long DataFrames
     (``method, key, mean, sd, n, paper``; percent), keyed by :data:`TABLES` names. Table 1 and
-    the certification table are left out when no seed has been attacked."""
-    runs = collect(profile, dataset, root, seeds, methods)
+    the certification table are left out when no seed has been attacked. ``runs``: what
+    :func:`collect` returned, if already read."""
+    runs = runs if runs is not None else collect(profile, dataset, root, seeds, methods)
     out = {}
     if runs.table1:
         out["table1"] = attack_table(runs)
@@ -256,10 +257,11 @@ def write_tables(profile: str, dataset: str, root=None, seeds=None, out=None, me
     """Write every table of :func:`build_tables` to ``out`` (default
     :func:`ccu.results.tables_dir`): ``<name>.csv`` (numbers) and ``tables.md`` (display).
     Returns ``(written paths, tables)``."""
-    tables = build_tables(profile, dataset, root, seeds, methods)
+    runs = collect(profile, dataset, root, seeds, methods)
+    tables = build_tables(profile, dataset, runs=runs)
     out = Path(out) if out is not None else store.tables_dir(profile, dataset, root)
     out.mkdir(parents=True, exist_ok=True)
-    seeds_used = collect(profile, dataset, root, seeds, methods).seeds
+    seeds_used = runs.seeds
     written = []
     text = [
         f"# {dataset}, profile {profile}: mean ± sd over seeds {seeds_used}",
