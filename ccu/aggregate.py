@@ -246,10 +246,14 @@ def wide(long: pd.DataFrame, decimals: int = 1) -> pd.DataFrame:
 
 def to_markdown(df: pd.DataFrame) -> str:
     """A pipe table of a :func:`wide` table (no extra dependency)."""
+
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|")  # a pipe inside a cell would split it
+
     header = ["", *[" ".join(str(c) for c in col) for col in df.columns]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
     for key, row in df.iterrows():
-        lines.append("| " + " | ".join([str(key), *map(str, row.tolist())]) + " |")
+        lines.append("| " + " | ".join(map(cell, [key, *row.tolist()])) + " |")
     return "\n".join(lines)
 
 

@@ -61,6 +61,10 @@ def test_mean_and_sample_sd_over_seeds(tmp_path):
     written, _ = aggregate.write_tables("smoke", "mnist-offline", tmp_path)
     md = (store.tables_dir("smoke", "mnist-offline", tmp_path) / "tables.md").read_text()
     assert "30.0 ± 14.1" in md and "seeds [0, 3]" in md
+    assert "min p(y\\|x) %" in md  # escaped: the row keeps its columns
+    for line in md.splitlines():
+        if line.startswith("| min p"):
+            assert line.replace("\\|", "").count("|") == 4
     assert {p.name for p in written} >= {"table1.csv", "table2_auroc.csv", "tables.md"}
 
 
