@@ -50,9 +50,10 @@ def _say(msg: str) -> None:
 def _names():
     from ccu.config import PROFILES
     from ccu.data import dataset_names
-    from ccu.methods import METHOD_ORDER
+    from ccu.methods import METHODS, ordered
 
-    return dataset_names(), list(METHOD_ORDER), sorted(PROFILES)
+    # every registered method: the paper's eleven in its column order, then any others
+    return dataset_names(), ordered(METHODS), sorted(PROFILES)
 
 
 def _check(kind: str, values, valid) -> None:
@@ -365,9 +366,9 @@ def cmd_datasets(args) -> int:
 
 
 def cmd_methods(args) -> int:
-    from ccu.methods import METHOD_ORDER, get_method
+    from ccu.methods import get_method
 
-    for name in METHOD_ORDER:
+    for name in _names()[1]:
         cls = get_method(name)
         doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         extra = " (post-hoc on Base)" if getattr(cls, "needs_base", False) else ""
