@@ -82,7 +82,7 @@ def run_method(
         data = load_dataset(dataset, seed=seed).subset(prof.n_train)
     cls = get_method(method)
     m = cls(data.spec, settings, prof, seed=seed, device=device)
-    files = store.MethodStore(store.method_dir(prof.name, dataset, method, root))
+    files = store.MethodStore(store.method_dir(prof.name, dataset, method, root, seed))
     config = dict(
         _config(dataset, method, prof, settings, seed, data),
         network=m.network_kind(),
@@ -359,7 +359,7 @@ def adversarial_noise(
     ball_method = "CCU" if "CCU" in certifying else certifying[0]
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
     model = runs[ball_method].method.certifier()
-    directory = store.adversarial_dir(prof.name, data.name, root)
+    directory = store.adversarial_dir(prof.name, data.name, root, seed)
     with store.locked(directory, "the adversarial-noise experiment"):
         seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
         radii = ccu.certified_radius(model, seeds, level=level).cpu()

@@ -3,14 +3,18 @@ are written so that concurrent and killed runs never corrupt them.
 
 Layout (under :data:`RESULTS_ROOT`, ignored by git; ``CCU_RESULTS`` moves it)::
 
-    <profile>/<dataset>/<method>/config.json          resolved config (+ sha256 of the files below)
-                                 config.pending.json  the config whose training is under way
-                                 checkpoint.pt        per-epoch training state (resume)
-                                 model.pt             final weights (weights_only=True)
-                                 scores.npz           per-sample scores, test and OOD sets
-                                 metrics.json         test error, confidences, OOD metrics
-    <profile>/<dataset>/adversarial/attack.<method>.json|npz   one method's attack (resume)
-                                    table1.json, adversarial.npz  the experiment's result
+    <profile>/<dataset>/seed<k>/<method>/config.json          resolved config (+ sha256 of files)
+                                         config.pending.json  the config being trained
+                                         checkpoint.pt        per-epoch training state (resume)
+                                         model.pt             final weights (weights_only=True)
+                                         scores.npz           per-sample scores, test and OOD sets
+                                         metrics.json         test error, confidences, OOD metrics
+    <profile>/<dataset>/seed<k>/adversarial/attack.<method>.json|npz   one method's attack
+                                            table1.json, adversarial.npz  the experiment's result
+    <profile>/<dataset>/tables/             mean +- sd over the seeds (:mod:`ccu.aggregate`)
+
+Runs of different seeds lie side by side (``seed<k>``, :func:`seed_dir`), so several seeds per
+(dataset, method) can be aggregated.
 
 Rules:
 
@@ -56,14 +60,26 @@ def root_dir(root=None) -> Path:
     return Path(root or RESULTS_ROOT)
 
 
-def method_dir(profile: str, dataset: str, method: str, root=None) -> Path:
-    """``<root>/<profile>/<dataset>/<method>``: one trained method's files."""
-    return root_dir(root) / profile / dataset / method
+def seed_dir(profile: str, dataset: str, seed: int = 0, root=None) -> Path:
+    """``<root>/<profile>/<dataset>/seed<seed>``: every run of one seed."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, not {seed!r}.")
+    return root_dir(root) / profile / dataset / f"seed{int(seed)}"
 
 
-def adversarial_dir(profile: str, dataset: str, root=None) -> Path:
-    """``<root>/<profile>/<dataset>/adversarial``: the adversarial-noise experiment's files."""
-    return root_dir(root) / profile / dataset / "adversarial"
+def method_dir(profile: str, dataset: str, method: str, root=None, seed: int = 0) -> Path:
+    """``<root>/<profile>/<dataset>/seed<seed>/<method>``: one trained method's files."""
+    return seed_dir(profile, dataset, seed, root) / method
+
+
+def adversarial_dir(profile: str, dataset: str, root=None, seed: int = 0) -> Path:
+    """``<root>/<profile>/<dataset>/seed<seed>/adversarial``: the adversarial-noise files."""
+    return seed_dir(profile, dataset, seed, root) / "adversarial"
+
+
+def tables_dir(profile: str, dataset: str, root=None) -> Path:
+    """``<root>/<profile>/<dataset>/tables``: the tables aggregated over seeds."""
+    return root_dir(root) / profile / dataset / "tables"
 
 
 def _corrupt(path: Path, exc: Exception | str) -> CorruptResultError:

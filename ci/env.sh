@@ -11,9 +11,9 @@ fi
 stamp=".venv/.ccu-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "[ccu] installing ccu[book,test] into .venv (first time: a few minutes)"
+  echo "[ccu] installing ccu[book,test,workflow] into .venv (first time: a few minutes)"
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[book,test]'
+  .venv/bin/python -m pip install --quiet -e '.[book,test,workflow]'
   .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
   echo "$want" > "$stamp"
 fi

@@ -113,6 +113,8 @@ def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
     )
     assert float(glued["adv_sr_CCU"]) == 0.0
     table = json.loads(
-        (tmp_path / "results" / "smoke" / "digits" / "adversarial" / "table1.json").read_text()
+        (
+            tmp_path / "results" / "smoke" / "digits" / "seed0" / "adversarial" / "table1.json"
+        ).read_text()
     )
     assert set(table["methods"]) == set(methods)

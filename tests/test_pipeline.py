@@ -58,7 +58,7 @@ def digits_runs(tmp_path_factory):
 def test_runs_write_results_and_separate_noise(digits_runs):
     root, data, runs = digits_runs
     for name, run in runs.items():
-        d = root / "smoke" / "digits" / name
+        d = root / "smoke" / "digits" / "seed0" / name
         for f in ("config.json", "model.pt", "scores.npz", "metrics.json", "checkpoint.pt"):
             assert (d / f).exists(), f
         cfg = json.loads((d / "config.json").read_text())
@@ -81,7 +81,7 @@ def test_rerun_loads_and_retrain_retrains(digits_runs):
 
 def test_saved_models_load_with_weights_only(digits_runs):
     root, data, runs = digits_runs
-    state = torch.load(root / "smoke" / "digits" / "CCU" / "model.pt", weights_only=True)
+    state = torch.load(root / "smoke" / "digits" / "seed0" / "CCU" / "model.pt", weights_only=True)
     m = get_method("CCU")(data.spec, ccu.train_settings("digits"), ccu.get_profile("smoke"))
     m.load_state_dict(state)
     x = data.test_x[:20]
@@ -110,7 +110,7 @@ def test_adversarial_noise_table1(digits_runs):
         assert x.min() >= 0 and x.max() <= 1
         assert r["max_distance_over_radius"] <= 1.0
     # it returns what it saved
-    again = experiment.AdversarialResult.load(root / "smoke" / "digits" / "adversarial")
+    again = experiment.AdversarialResult.load(root / "smoke" / "digits" / "seed0" / "adversarial")
     assert again.summary == adv.summary and np.array_equal(again.radii, adv.radii, equal_nan=True)
     table = report.attack_table(again.summary, "digits")
     assert list(table.columns.get_level_values(0).unique()) == ["Base", "CCU"]

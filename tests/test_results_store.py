@@ -153,7 +153,7 @@ def test_two_processes_on_one_configuration(tmp_path):
     data = load_dataset("digits").subset(300)
     run = experiment.run_method("digits", "CCU", "smoke", data=data, root=tmp_path)
     assert run.loaded
-    adv = experiment.AdversarialResult.load(tmp_path / "smoke" / "digits" / "adversarial")
+    adv = experiment.AdversarialResult.load(tmp_path / "smoke" / "digits" / "seed0" / "adversarial")
     assert adv.summary["ccu_bound_violations"] == 0
 
 
@@ -162,7 +162,7 @@ def saved_base(tmp_path):
     data = load_dataset("digits").subset(200)
     prof = "smoke"
     experiment.run_method("digits", "Base", prof, data=data, root=tmp_path)
-    return tmp_path, data, tmp_path / "smoke" / "digits" / "Base"
+    return tmp_path, data, tmp_path / "smoke" / "digits" / "seed0" / "Base"
 
 
 def _corrupt_truncate(path: Path):
@@ -203,7 +203,7 @@ def test_a_corrupt_file_is_named_and_never_silently_retrained(saved_base, name, 
 
 def test_a_corrupt_checkpoint_is_named(tmp_path):
     data = load_dataset("digits").subset(200)
-    d = tmp_path / "smoke" / "digits" / "Base"
+    d = tmp_path / "smoke" / "digits" / "seed0" / "Base"
     experiment.run_method("digits", "Base", "smoke", data=data, root=tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").unlink()  # as if killed after the last checkpoint

@@ -1,0 +1,666 @@
+"""The ``ccu`` command line: one subcommand per step of the experiments, and ``run`` for all.
+
+    ccu datasets | methods                      what exists
+    ccu train     --dataset D --method M        train (or load) one method, score test and OOD sets
+    ccu evaluate  --dataset D --method M        OOD metrics recomputed from the saved scores
+    ccu attack    --dataset D [--method M ...]  certify CCU's balls, attack every method in them
+    ccu tables    --dataset D [--seed S ...]    Table 1/2, AUPR, P_Stats: mean ± sd over seeds
+    ccu reference --dataset D --seed S          copy one seed's results as reference results
+    ccu run       --dataset D ... --method ...  all of the above, in one process
+
+The Snakemake workflow (``workflow/Snakefile``) calls these steps, one job per
+(dataset, method, seed). Results go to ``--results`` (default ``CCU_RESULTS`` or ``results/``,
+see :mod:`ccu.results`). Exit codes: see :data:`EXIT_CODES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_CORRUPT = 0, 1, 2, 3, 4
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_FAILED: "the step failed (an unexpected error; the traceback says where)",
+    EXIT_USAGE: "bad usage: unknown dataset, method or profile, bad --overrides, bad flags",
+    EXIT_MISSING: "missing input: data files or the results a step needs are not there",
+    EXIT_CORRUPT: "a result file is corrupt or incomplete (the message names it)",
+}
+REPO = Path(__file__).resolve().parents[1]
+
+
+class UsageError(ValueError):
+    """A wrong argument (exit code 2)."""
+
+
+class MissingError(FileNotFoundError):
+    """An input the step needs is not there (exit code 3)."""
+
+
+def _say(msg: str) -> None:
+    print(f"[ccu] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- arguments
+def _names():
+    from ccu.config import PROFILES
+    from ccu.data import dataset_names
+    from ccu.methods import METHODS, ordered
+
+    # every registered method: the paper's eleven in its column order, then any others
+    return dataset_names(), ordered(METHODS), sorted(PROFILES)
+
+
+def _check(kind: str, values, valid) -> None:
+    for v in values:
+        if v not in valid:
+            raise UsageError(f"unknown {kind} {v!r}; choose from: {', '.join(valid)}.")
+
+
+def check_grid(
+    datasets, methods, seeds, profile, overrides=None, device="cpu", reference_seed=None
+):
+    """Check a workflow grid (``workflow/config.yaml``) before any job starts; a
+    :class:`UsageError` says which key is wrong and what it may be."""
+    from ccu.config import get_profile
+
+    valid_datasets, valid_methods, profiles = _names()
+    where = "in the workflow config (workflow/config.yaml, --config or --configfile)"
+    for key, value in (("datasets", datasets), ("methods", methods), ("seeds", seeds)):
+        if not isinstance(value, list | tuple) or not value:
+            raise UsageError(f"{key} {where} must be a non-empty list, not {value!r}.")
+    try:
+        _check("dataset", datasets, valid_datasets)
+        _check("method", methods, valid_methods)
+        _check("profile", [profile], profiles)
+    except UsageError as exc:
+        raise UsageError(f"{exc} ({where})") from exc
+    if "CCU" not in methods:
+        raise UsageError(
+            f"methods {where} must include CCU: its certified balls define the attack."
+        )
+    if len(set(methods)) != len(methods) or len(set(datasets)) != len(datasets):
+        raise UsageError(f"datasets and methods {where} must not repeat a name.")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise UsageError(f"seeds {where} must be non-negative integers, not {s!r}.")
+    if reference_seed is not None and reference_seed not in seeds:
+        raise UsageError(f"reference_seed {reference_seed} {where} is not one of seeds {seeds}.")
+    if not isinstance(overrides or {}, dict):
+        raise UsageError(f"overrides {where} must be a mapping of profile fields.")
+    try:
+        get_profile(profile, **dict(overrides or {}))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{exc} ({where})") from exc
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise UsageError(f"device {device!r} {where} must be cpu or cuda.")
+
+
+def parse_overrides(text: str | None) -> dict:
+    """``--overrides`` JSON: an object of profile fields, e.g. ``'{"epochs": 5}'``."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"--overrides is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}. "
+            'Give an object of profile fields, e.g. --overrides \'{"epochs": 5, "n_train": 500}\'.'
+        ) from exc
+    if not isinstance(value, dict):
+        raise UsageError(
+            f"--overrides must be a JSON object of profile fields, not {type(value).__name__}: "
+            f"{text!r}; e.g. --overrides '{{\"epochs\": 5}}'."
+        )
+    return value
+
+
+def _profile(args):
+    from ccu.config import get_profile
+
+    try:
+        return get_profile(args.profile, **parse_overrides(args.overrides))
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(str(exc)) from exc
+
+
+def _device(args) -> str:
+    """``auto``: CUDA when available. With ``--gpu-slots DIR`` a CUDA job first takes a free GPU
+    of this machine (before CUDA is initialised, so that ``CUDA_VISIBLE_DEVICES`` applies)."""
+    if args.gpu_slots and args.device != "cpu" and getattr(args, "_slot", None) is None:
+        from ccu import gpuslots
+
+        try:
+            args._slot = gpuslots.assign(args.gpu_slots, announce=_say)  # held until exit
+        except gpuslots.NoGPUError as exc:
+            if args.device != "auto":
+                raise UsageError(f"--device {args.device}: {exc}") from exc
+    import torch
+
+    if args.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(
+            f"--device {args.device}: torch sees no CUDA device here; use --device cpu (or auto)."
+        )
+    return args.device
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+
+
+def _threads(args) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def _progress(args) -> None:
+    if args.no_progress:
+        os.environ["CCU_PROGRESS"] = "0"
+
+
+def _root(args):
+    return Path(args.results) if args.results else None
+
+
+def _commit() -> str:
+    # CCU_COMMIT names the commit where git cannot (a copied tree whose .git is not current)
+    if os.environ.get("CCU_COMMIT"):
+        return os.environ["CCU_COMMIT"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+# --------------------------------------------------------------------------- steps
+def _load_data(dataset: str, prof, seed: int):
+    from ccu.data import load_dataset
+
+    return load_dataset(dataset, seed=seed).subset(prof.n_train)
+
+
+def train_one(dataset, method, prof, seed, device, root=None, data=None) -> dict:
+    """Train (or load) one method; writes ``trained.json`` (the workflow's marker) and returns it."""
+    from ccu import experiment
+    from ccu import results as store
+
+    start = time.perf_counter()
+    run = experiment.run_method(dataset, method, prof, seed, device, data=data, root=root)
+    stamp = {
+        "dataset": dataset,
+        "method": method,
+        "profile": prof.name,
+        "seed": seed,
+        "device": device,
+        "device_name": _device_name(device),
+        "loaded": run.loaded,
+        "seconds": time.perf_counter() - start,
+        "files": run.config.get("files", {}),
+        "test_error": run.metrics["test_error"],
+    }
+    store.write_json(run.directory / "trained.json", stamp)
+    return stamp
+
+
+def _saved_run(dataset, method, prof, seed, root):
+    """The complete saved run's ``(config, scores, metrics)``; MissingError when there is none."""
+    from ccu import results as store
+
+    files = store.MethodStore(store.method_dir(prof.name, dataset, method, root, seed))
+    config = files.saved_config()
+    if config is None:
+        raise MissingError(
+            f"{method} on {dataset} (profile {prof.name}, seed {seed}) is not trained: no "
+            f"{files.config_path}. Run `ccu train --dataset {dataset} --method {method} "
+            f"--seed {seed} --profile {prof.name}` first."
+        )
+    same_profile = config.get("profile") == json.loads(json.dumps(prof.as_dict()))
+    if not same_profile or config.get("seed") != seed:
+        raise MissingError(
+            f"the saved run in {files.directory} was made with another profile or seed "
+            f"({config.get('profile', {}).get('name')}, seed {config.get('seed')}); retrain it "
+            "with `ccu train` and the same --profile/--overrides/--seed."
+        )
+    files.verify(config)
+    return (
+        config,
+        store.read_npz(files.path("scores.npz")),
+        store.read_json(files.path("metrics.json")),
+        files,
+    )
+
+
+def evaluate_one(dataset, method, prof, seed, root=None) -> dict:
+    """OOD metrics recomputed from the saved per-sample scores, checked against ``metrics.json``;
+    writes ``evaluation.json`` beside the run and returns it."""
+    from ccu import evaluate as ev
+    from ccu import results as store
+
+    config, scores, metrics, files = _saved_run(dataset, method, prof, seed, root)
+    out = {
+        "dataset": dataset,
+        "method": method,
+        "seed": seed,
+        "profile": prof.name,
+        "test_error": metrics["test_error"],
+        "ood": {},
+    }
+    for name, saved in metrics["ood"].items():
+        if "skipped" in saved:
+            out["ood"][name] = saved
+            continue
+        if name not in scores:
+            raise store.CorruptResultError(
+                f"{files.path('scores.npz')} lacks the scores of {name!r} that metrics.json "
+                f"reports; delete {files.directory} to recompute."
+            )
+        again = ev.ood_metrics(scores["test"], scores[name])
+        for key, value in again.items():
+            if key in saved and abs(saved[key] - value) > 1e-9:
+                raise store.CorruptResultError(
+                    f"{files.path('metrics.json')}: {name} {key} is {saved[key]}, but the saved "
+                    f"scores give {value}; delete {files.directory} to recompute."
+                )
+        out["ood"][name] = dict(again, mean_max_confidence=saved.get("mean_max_confidence"))
+    aurocs = [v["auroc"] for v in out["ood"].values() if "auroc" in v]
+    out["mean_auroc"] = sum(aurocs) / len(aurocs) if aurocs else float("nan")
+    store.write_json(files.directory / "evaluation.json", out)
+    return out
+
+
+def attack_dataset(dataset, methods, prof, seed, device, root=None, data=None):
+    """Certify CCU's balls around noise and attack every method in them (Table 1)."""
+    from ccu import experiment
+    from ccu.methods import ordered
+
+    if "CCU" not in methods:
+        raise UsageError(
+            "the attack needs CCU (its certified balls define it): add CCU to --method."
+        )
+    data = data if data is not None else _load_data(dataset, prof, seed)
+    runs = {}
+    for m in ["CCU", *[m for m in ordered(methods) if m != "CCU"]]:
+        runs[m] = experiment.run_method(dataset, m, prof, seed, device, data=data, root=root)
+    return experiment.adversarial_noise(runs, data, prof, seed, root=root)
+
+
+def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra=None) -> Path:
+    """Copy one seed's small result files (JSON, CSV, NPZ with provenance) to
+    ``<out_dir>/<profile>/<dataset>/``: what ``reference-results/`` holds."""
+    import numpy as np
+    import torch
+
+    from ccu import experiment
+    from ccu import results as store
+    from ccu.methods import ordered
+
+    adv = experiment.AdversarialResult.load(store.adversarial_dir(prof.name, dataset, root, seed))
+    names = ordered(methods or adv.methods)
+    commit = _commit()
+    out = Path(out_dir) / prof.name / dataset
+    out.mkdir(parents=True, exist_ok=True)
+    devices, seconds = set(), 0.0
+    for name in names:
+        d = store.method_dir(prof.name, dataset, name, root, seed)
+        config = store.read_json(d / "config.json")
+        stamp = store.read_json(d / "trained.json") if (d / "trained.json").exists() else {}
+        device = stamp.get("device", "unknown")
+        devices.add((device, stamp.get("device_name", "unknown")))
+        seconds += config.get("wall_seconds", 0.0)
+        cfg = dict(config, commit=commit, device=device)
+        store.write_json(out / f"{name}.config.json", cfg)
+        store.write_json(out / f"{name}.metrics.json", store.read_json(d / "metrics.json"))
+    table1 = dict(adv.summary)
+    seconds += sum(r.get("attack_seconds", 0.0) for r in adv.methods.values())
+    device, device_name = sorted(devices)[0] if len(devices) == 1 else ("mixed", "mixed")
+    table1.update(
+        commit=commit,
+        wall_seconds_total=seconds,
+        device=device,
+        device_name=device_name,
+        torch_version=torch.__version__,
+        skipped_for_time=[],
+    )
+    table1.update(extra or {})
+    store.write_json(out / "table1.json", table1)
+    # NaN marks an uncertified seed (no certified ball)
+    np.savetxt(out / "radii.csv", adv.radii, fmt="%.6g", header="certified radius per seed")
+    np.savez_compressed(
+        out / "figure2.npz",
+        seed=adv.seeds[adv.certified][:8],
+        **{f"{m}_worst_x": adv.worst_x[m][:8] for m in names},
+        **{f"{m}_worst_score": adv.worst_score[m] for m in names},
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- subcommands
+def cmd_datasets(args) -> int:
+    from ccu.data import dataset_names, get_spec
+
+    for name in dataset_names():
+        spec = get_spec(name)
+        shape = "x".join(map(str, spec.shape))
+        print(
+            f"{name:16s} {spec.num_classes:3d} classes  {shape:8s}  OOD: {', '.join(spec.ood_sets)}"
+        )
+        if args.verbose:
+            print(f"{'':16s} {spec.description}")
+    return EXIT_OK
+
+
+def cmd_methods(args) -> int:
+    from ccu.methods import get_method
+
+    for name in _names()[1]:
+        cls = get_method(name)
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        extra = " (post-hoc on Base)" if getattr(cls, "needs_base", False) else ""
+        print(f"{name:6s} {doc}{extra}")
+    return EXIT_OK
+
+
+def cmd_train(args) -> int:
+    prof = _profile(args)
+    device = _device(args)
+    stamp = train_one(args.dataset, args.method, prof, args.seed, device, _root(args))
+    how = "loaded" if stamp["loaded"] else "trained"
+    print(
+        f"{args.method} on {args.dataset} (profile {prof.name}, seed {args.seed}): {how} in "
+        f"{stamp['seconds']:.1f} s on {device}; test error {100 * stamp['test_error']:.2f} %"
+    )
+    return EXIT_OK
+
+
+def cmd_evaluate(args) -> int:
+    prof = _profile(args)
+    out = evaluate_one(args.dataset, args.method, prof, args.seed, _root(args))
+    print(
+        f"{args.method} on {args.dataset}, seed {args.seed}: test error {100 * out['test_error']:.2f} %"
+    )
+    print(f"{'OOD set':12s} {'AUROC':>7s} {'AUPR-in':>8s} {'FPR@95':>7s}")
+    for name, m in out["ood"].items():
+        if "skipped" in m:
+            print(f"{name:12s} skipped: {m['skipped']}")
+        else:
+            print(
+                f"{name:12s} {100 * m['auroc']:7.1f} {100 * m['aupr_in']:8.1f} "
+                f"{100 * m['fpr95']:7.1f}"
+            )
+    return EXIT_OK
+
+
+def cmd_attack(args) -> int:
+    from ccu import report
+
+    prof = _profile(args)
+    device = _device(args)
+    methods = args.method or _trained_methods(args.dataset, prof, args.seed, _root(args))
+    adv = attack_dataset(args.dataset, methods, prof, args.seed, device, _root(args))
+    s = adv.summary
+    print(
+        f"{args.dataset} (profile {prof.name}, seed {args.seed}): {s['n_certified']} of "
+        f"{s['n_seeds']} noise points certified, median radius {s['median_radius']:.4g}, "
+        f"CCU bound violations {s['ccu_bound_violations']}"
+    )
+    print(report.attack_table(s, args.dataset).to_string())
+    return EXIT_OK
+
+
+def _trained_methods(dataset, prof, seed, root) -> list[str]:
+    from ccu import results as store
+    from ccu.methods import ordered
+
+    d = store.seed_dir(prof.name, dataset, seed, root)
+    found = ordered(p.parent.name for p in d.glob("*/config.json"))
+    if not found:
+        raise MissingError(
+            f"no trained methods in {d}; train them first (`ccu train`) or name them with --method."
+        )
+    return found
+
+
+def cmd_tables(args) -> int:
+    from ccu import aggregate
+
+    prof = _profile(args)
+    for dataset in args.dataset:
+        try:
+            written, _ = aggregate.write_tables(
+                prof.name, dataset, _root(args), args.seed, args.out and Path(args.out) / dataset,
+                args.method,
+            )  # fmt: skip
+        except aggregate.NoResultsError as exc:
+            raise MissingError(str(exc)) from exc
+        md = next(p for p in written if p.suffix == ".md")
+        print(md.read_text())
+        _say(f"tables of {dataset} written to {md.parent}")
+    return EXIT_OK
+
+
+def cmd_reference(args) -> int:
+    prof = _profile(args)
+    out = write_reference(args.dataset, prof, args.seed, args.out, _root(args), args.method)
+    print(f"reference results of {args.dataset} (seed {args.seed}) written to {out}")
+    return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    """Every step for every (dataset, seed), one method after another; CCU first."""
+    from tqdm import tqdm
+
+    from ccu import aggregate
+    from ccu.methods import METHOD_ORDER
+
+    prof = _profile(args)
+    device = _device(args)
+    root = _root(args)
+    methods = args.method or list(METHOD_ORDER)
+    order = ["CCU", *[m for m in methods if m != "CCU"]]
+    for dataset in args.dataset:
+        for seed in args.seed:
+            start = time.perf_counter()
+            data = _load_data(dataset, prof, seed)
+            done, skipped = [], []
+            bar = tqdm(order, desc=f"{dataset} seed {seed}", disable=args.no_progress)
+            for m in bar:
+                late = time.perf_counter() - start > (args.budget_seconds or float("inf"))
+                if m != "CCU" and late:  # CCU always runs: its balls define the attack
+                    skipped.append(m)
+                    continue
+                bar.set_postfix_str(m)
+                train_one(dataset, m, prof, seed, device, root, data=data)
+                evaluate_one(dataset, m, prof, seed, root)
+                done.append(m)
+                _say(f"{m}: done {time.perf_counter() - start:.0f} s from the start")
+            if skipped:
+                _say(f"skipped for the time budget: {', '.join(skipped)}")
+            attack_dataset(dataset, done, prof, seed, device, root, data=data)
+            if args.reference_out:
+                extra = {
+                    "wall_seconds_total": time.perf_counter() - start,
+                    "skipped_for_time": skipped,
+                }
+                out = write_reference(
+                    dataset, prof, seed, args.reference_out, root, done, extra=extra
+                )
+                _say(f"reference results written to {out}")
+        written, _ = aggregate.write_tables(prof.name, dataset, root, args.seed)
+        md = next(p for p in written if p.suffix == ".md")
+        print(md.read_text())
+        _say(f"tables of {dataset} written to {md.parent}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    datasets, methods, profiles = _names()
+    codes = "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
+    ap = argparse.ArgumentParser(
+        prog="ccu",
+        description="Certified Certain Uncertainty (Meinke & Hein, ICLR 2020): the experiments, "
+        "step by step. `ccu <command> --help` describes each command.",
+        epilog=f"exit codes:\n{codes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="command", metavar="command", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--profile", default="smoke", help=f"run size: {', '.join(profiles)} (default smoke)"
+    )
+    common.add_argument(
+        "--overrides",
+        metavar="JSON",
+        help="profile fields as a JSON object, e.g. '{\"epochs\": 5}'",
+    )
+    common.add_argument(
+        "--results", metavar="DIR", help="results directory (default: $CCU_RESULTS or results/)"
+    )
+    common.add_argument(
+        "--device", default="auto", help="cpu, cuda, cuda:1 or auto (CUDA when available)"
+    )
+    common.add_argument(
+        "--gpu-slots",
+        metavar="DIR",
+        help="take a free GPU of this machine (one lock file per GPU in DIR) and run on it alone; "
+        "what the workflow passes on multi-GPU machines (ignored under Slurm and for --device cpu)",
+    )
+    common.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    common.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    def one(p, flag, kind, valid, many=False):
+        p.add_argument(
+            flag,
+            required=not many or flag == "--dataset",
+            nargs="+" if many else None,
+            metavar=kind.upper(),
+            help=f"{kind}{'(s)' if many else ''}: {', '.join(valid)}",
+        )
+
+    p = sub.add_parser("datasets", help="list the datasets")
+    p.add_argument("-v", "--verbose", action="store_true", help="with descriptions")
+    p.set_defaults(func=cmd_datasets)
+    p = sub.add_parser("methods", help="list the methods (the paper's column order)")
+    p.set_defaults(func=cmd_methods)
+
+    p = sub.add_parser("train", parents=[common], help="train (or load) one method and score it")
+    one(p, "--dataset", "dataset", datasets)
+    one(p, "--method", "method", methods)
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "evaluate", parents=[common], help="OOD scores and metrics of a trained method"
+    )
+    one(p, "--dataset", "dataset", datasets)
+    one(p, "--method", "method", methods)
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "attack", parents=[common], help="certify CCU's balls around noise, attack every method"
+    )
+    one(p, "--dataset", "dataset", datasets)
+    one(p, "--method", "method", methods, many=True)
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.set_defaults(func=cmd_attack)
+
+    p = sub.add_parser("tables", parents=[common], help="the paper's tables, mean ± sd over seeds")
+    one(p, "--dataset", "dataset", datasets, many=True)
+    one(p, "--method", "method", methods, many=True)
+    p.add_argument("--seed", type=int, nargs="+", help="seeds (default: every seed found)")
+    p.add_argument("--out", metavar="DIR", help="write to DIR/<dataset>/ (default: results)")
+    p.set_defaults(func=cmd_tables)
+
+    p = sub.add_parser(
+        "reference", parents=[common], help="copy one seed's results as reference results"
+    )
+    one(p, "--dataset", "dataset", datasets)
+    one(p, "--method", "method", methods, many=True)
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument(
+        "--out", metavar="DIR", default="reference-results", help="default: reference-results"
+    )
+    p.set_defaults(func=cmd_reference)
+
+    p = sub.add_parser("run", parents=[common], help="train, evaluate, attack and tabulate")
+    one(p, "--dataset", "dataset", datasets, many=True)
+    one(p, "--method", "method", methods, many=True)
+    p.add_argument("--seed", type=int, nargs="+", default=[0], help="seeds (default 0)")
+    p.add_argument(
+        "--budget-seconds",
+        type=float,
+        help="skip the methods left when this much time has passed (CCU always runs first); "
+        "they are listed as skipped_for_time",
+    )
+    p.add_argument(
+        "--reference-out",
+        metavar="DIR",
+        help="also copy each seed's results to DIR/<profile>/<dataset>/ (reference results)",
+    )
+    p.set_defaults(func=cmd_run)
+    return ap
+
+
+def _validate(args) -> None:
+    datasets, methods, profiles = _names()
+    if getattr(args, "profile", None) is not None:
+        _check("profile", [args.profile], profiles)
+    for attr, kind, valid in (("dataset", "dataset", datasets), ("method", "method", methods)):
+        value = getattr(args, attr, None)
+        if value is not None:
+            _check(kind, value if isinstance(value, list) else [value], valid)
+    seeds = getattr(args, "seed", None)
+    for s in seeds if isinstance(seeds, list) else [seeds] if seeds is not None else []:
+        if s < 0:
+            raise UsageError(f"--seed must be a non-negative integer, not {s}.")
+    if getattr(args, "overrides", None) is not None:
+        parse_overrides(args.overrides)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _validate(args)
+        if hasattr(args, "threads"):
+            _threads(args)
+            _progress(args)
+        return args.func(args)
+    except UsageError as exc:
+        _say(f"error: {exc}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    except Exception as exc:
+        from ccu.data import DataNotFoundError
+        from ccu.results import CorruptResultError
+
+        if isinstance(exc, DataNotFoundError | MissingError):
+            _say(f"error: {exc}")
+            return EXIT_MISSING
+        if isinstance(exc, CorruptResultError):
+            _say(f"error: {exc}")
+            return EXIT_CORRUPT
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
