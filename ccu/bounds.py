@@ -201,7 +201,8 @@ def check_certificate(
     """
     _check_model(model)
     centres = _centres(model, centres)
-    pts = check_batch(as_tensor(points, "points"), model.dim, "points")
+    shaped = as_tensor(points, "points")  # the classifier's input shape, e.g. (N, C, H, W)
+    pts = check_batch(shaped, model.dim, "points")
     if pts.shape[0] != centres.shape[0]:
         raise ValueError(
             f"points and centres must pair up; got {pts.shape[0]} points and "
@@ -214,8 +215,8 @@ def check_certificate(
     inside = distance <= rad
     if box is not None:
         inside &= ((pts >= box[0]) & (pts <= box[1])).all(dim=1).to(inside.device)
-    p64 = _confidence_as(model, pts, torch.float64, batch).to(bound.device)
-    p32 = _confidence_as(model, pts, torch.float32, batch).to(bound.device)
+    p64 = _confidence_as(model, shaped, torch.float64, batch).to(bound.device)
+    p32 = _confidence_as(model, shaped, torch.float32, batch).to(bound.device)
     violated = inside & (p64 > bound * (1 + rtol))
     return CertificateCheck(distance, inside, p64, p32, bound, violated)
 

@@ -190,3 +190,20 @@ def test_attack_certificates_skips_uncertified_centres_and_holds():
     assert bool((out.sampled_max <= out.check.bound + 1e-9).all())
     with pytest.raises(ValueError, match="no centre is certified"):
         ccu.attack_certificates(model, centres[:1], box=None)
+
+
+def test_check_certificate_keeps_the_classifiers_input_shape():
+    """Image classifiers need (N, C, H, W): points are judged in their own shape."""
+    metric = ccu.Mahalanobis.identity(16)
+    zero = torch.zeros(1, dtype=torch.float64)
+    gin = ccu.GaussianMixture(torch.full((1, 16), 0.5), zero, zero, metric)
+    gout = ccu.GaussianMixture(torch.full((1, 16), 0.5), zero + 2.0, zero, metric)
+    clf = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.Flatten(),
+                              torch.nn.Linear(32, 3))  # fmt: skip
+    model = ccu.CCU(clf, gin, gout, 3).double()
+    x0 = torch.full((2, 1, 4, 4), 0.9, dtype=torch.float64)
+    x0[1] = 0.0
+    r = ccu.certified_radius(model, x0)
+    assert bool(ccu.certified_mask(r).all())
+    chk = ccu.check_certificate(model, x0.float(), x0, r)
+    assert chk.n_violations == 0 and chk.n_outside == 0 and chk.confidence64.shape == (2,)
