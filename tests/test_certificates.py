@@ -196,7 +196,7 @@ def test_check_certificate_keeps_the_classifiers_input_shape():
     """Image classifiers need (N, C, H, W): points are judged in their own shape."""
     metric = ccu.Mahalanobis.identity(16)
     zero = torch.zeros(1, dtype=torch.float64)
-    gin = ccu.GaussianMixture(torch.full((1, 16), 0.5), zero, zero, metric)
+    gin = ccu.GaussianMixture(torch.full((1, 16), 5.0), zero, zero, metric)
     gout = ccu.GaussianMixture(torch.full((1, 16), 0.5), zero + 2.0, zero, metric)
     clf = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.Flatten(),
                               torch.nn.Linear(32, 3))  # fmt: skip
