@@ -163,3 +163,30 @@ def reference_or_none(profile: str, dataset: str, root: Path | None = None) -> d
     except FileNotFoundError as exc:
         print(exc)
         return None
+
+
+#: what a table shows where the paper (or a run) has no number
+MISSING = "—"
+
+
+def every_metric_table(metrics: dict[str, dict]) -> pd.DataFrame:
+    """Every OOD metric of every method and OOD set (AUROC, AUPR-In/Out, FPR@95 in percent, and
+    the mean max confidence on the OOD set), one row per (method, OOD set), paper order."""
+    rows = []
+    for method in ordered(metrics):
+        for ood, d in metrics[method]["ood"].items():
+            if "auroc" not in d:
+                continue
+            row = {"method": method, "OOD set": PAPER_OOD.get(ood, ood)}
+            row.update({k: 100 * v for k, v in d.items() if k != "mean_max_confidence"})
+            row["mean conf."] = d.get("mean_max_confidence", np.nan)
+            rows.append(row)
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows).set_index(["method", "OOD set"])
+
+
+def styled(table: pd.DataFrame, caption: str, precision: int = 1):
+    """``table`` for display: ``caption`` above it, numbers at ``precision`` decimals and
+    :data:`MISSING` where there is no value (NaN: the paper has no number for that cell)."""
+    return table.style.format(precision=precision, na_rep=MISSING).set_caption(caption)

@@ -1,0 +1,243 @@
+"""What the book's chapters share: their setup, and the computations behind their prose.
+
+Each chapter's setup cell is one call, :func:`setup_chapter`; the numbers a chapter states in its
+text come from the functions below, so the tests reach them without running a notebook.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+import ccu
+from ccu import plots
+from ccu.config import Profile, TrainSettings, get_profile, train_settings
+from ccu.data import Dataset, load_dataset
+from ccu.data.ood import uniform_noise
+
+
+class ChapterSetup(NamedTuple):
+    """What :func:`setup_chapter` returns: ``data, prof, settings, methods = setup_chapter(...)``."""
+
+    data: Dataset
+    profile: Profile
+    settings: TrainSettings
+    methods: list[str]
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (interactive or executed by the book build, nbval, papermill)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython comes with the book extra
+        return False
+    shell = get_ipython()
+    return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+
+
+def use_book_style() -> None:
+    """The book's look: the seaborn theme for every figure and, in a notebook kernel, the inline
+    backend (scripts and tests keep whatever ``MPLBACKEND`` says, e.g. Agg)."""
+    plots.set_style()
+    if in_notebook():
+        import pandas as pd
+        from IPython import get_ipython
+
+        get_ipython().run_line_magic("matplotlib", "inline")
+        pd.set_option("display.max_columns", None)  # all methods side by side, ours | paper
+
+
+def setup_chapter(
+    dataset: str,
+    profile: str,
+    seed: int = 0,
+    device: str = "cpu",
+    overrides: dict | None = None,
+    methods: list[str] | None = None,
+    verbose: bool = True,
+) -> ChapterSetup:
+    """Validate a chapter's parameters, load its data and set the book's figure style.
+
+    Unknown profiles, profile fields, methods or datasets raise a ``ValueError`` that lists the
+    valid names. Returns the dataset (capped at the profile's ``n_train``), the profile with
+    ``overrides`` applied, the dataset's training settings and ``methods`` in the paper's order.
+    """
+    from ccu.methods import get_method, ordered
+
+    use_book_style()
+    prof = get_profile(profile, **dict(overrides or {}))
+    chosen = ordered(methods or [])
+    for name in chosen:
+        get_method(name)
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"methods listed twice: {chosen}.")
+    data = load_dataset(dataset, seed=seed).subset(prof.n_train)
+    settings = train_settings(dataset)
+    torch.manual_seed(seed)
+    if verbose:
+        print(
+            f"{data.name}: {len(data.train_x)} train / {len(data.test_x)} test, "
+            f"{data.num_classes} classes; out-distribution: {data.out_description}; "
+            f"profile {prof.name}: {prof.epochs} epochs; seed {seed}, device {device}"
+        )
+    return ChapterSetup(data, prof, settings, chosen)
+
+
+def glue(name: str, value, display: bool = False):
+    """``myst_nb.glue`` (a value the chapter's prose quotes); returns ``value``."""
+    from myst_nb import glue as _glue
+
+    _glue(name, value, display=display)
+    return value
+
+
+def glue_figure(name: str, fig) -> None:
+    """Glue ``fig`` under ``name`` for a numbered ``{glue:figure}`` and close it.
+
+    The figure is also displayed in the cell, for people running the notebook in Jupyter; the
+    book removes that copy (the cell carries the ``remove-output`` tag, checked by the tests).
+    """
+    import matplotlib.pyplot as plt
+
+    if in_notebook():
+        glue(name, fig, display=True)
+    plt.close(fig)
+
+
+def run_caption(dataset: str, prof: Profile, seed: int, device: str = "cpu") -> str:
+    """Names the run behind a table: dataset, profile and seed of this chapter's run."""
+    return f"{dataset}, profile {prof.name} ({prof.epochs} epochs), seed {seed}, {device}: this run"
+
+
+def reference_caption(dataset: str, ref: dict) -> str:
+    """Names a committed reference run: dataset, profile, seed, device and commit."""
+    cfg = next(iter(ref["config"].values()))
+    commit = str(cfg.get("commit") or "?")[:10]
+    device = ref.get("table1", {}).get("device_name") or cfg.get("device", "?")
+    return (
+        f"{dataset}, reference run of profile {cfg['profile']['name']}, seed {cfg['seed']}, "
+        f"{device}, commit {commit}"
+    )
+
+
+# ----------------------------------------------------------------------------- two moons
+def far_field(base_conf, ccu_conf, maps: dict, extent: float, inner: float = 10.0) -> dict:
+    """The two-moons chapter's far-field numbers.
+
+    ``maps`` is :func:`ccu.plots.plot_confidence_maps`'s dict, holding a ``grid x grid`` map over
+    ``[-extent, extent]^2`` for the titles ``"Base (ReLU network)"`` and ``"CCU"``. Returns the
+    smallest Base confidence and the largest CCU confidence at least ``inner`` away from the
+    origin (max-norm), and both confidences at the corner ``(1000, 1000)``.
+    """
+    base_map, ccu_map = maps[("Base (ReLU network)", extent)], maps[("CCU", extent)]
+    axis = np.linspace(-extent, extent, base_map.shape[0])
+    ring = np.maximum(*np.abs(np.meshgrid(axis, axis))) >= inner
+    if not ring.any():
+        raise ValueError(f"no grid point is {inner} away from the origin within {extent}.")
+    corner = torch.tensor([[1e3, 1e3]])
+    return {
+        "base_far_min": float(base_map[ring].min()),
+        "ccu_far_max": float(ccu_map[ring].max()),
+        "base_corner": float(base_conf(corner)),
+        "ccu_corner": float(ccu_conf(corner)),
+    }
+
+
+# ----------------------------------------------------------------------------- corollary 1
+def noise_centres(prof: Profile, data: Dataset, seed: int) -> torch.Tensor:
+    """The uniform-noise centres the Corollary 1 chapter certifies."""
+    return uniform_noise(prof.n_seeds, data.spec.shape, seed=seed + 100)
+
+
+@torch.no_grad()
+def _confidence(model, x):
+    return model(x).exp().max(1).values
+
+
+def corollary1_check(model, noise, radii, prof: Profile, seed: int = 0, n_samples: int = 50):
+    """Try to break Corollary 1 inside every certified ball (intersected with ``[0, 1]^d``).
+
+    Runs the PGD attack (the profile's steps and restarts) and samples ``n_samples`` points per
+    ball. Returns a dict with the per-ball ``radius``, ``bound``, ``attack`` (PGD's best
+    confidence), ``sampled`` (the best sample's), ``violations`` (balls where either exceeds the
+    bound) and the overall maxima.
+    """
+    attack = ccu.ball_attack(
+        ccu.confidence_score(model),
+        noise,
+        radii,
+        model.metric,
+        steps=prof.attack_steps,
+        restarts=prof.attack_restarts,
+        seed=seed,
+    )
+    samples = ccu.sample_in_ball(noise, radii, model.metric, n_samples, seed=seed, box=(0.0, 1.0))
+    sampled = _confidence(model, samples.reshape(-1, *noise.shape[1:])).reshape(len(noise), -1)
+    sampled = sampled.max(1).values.double()
+    found = attack.score.detach().exp().double()
+    bound = ccu.confidence_bound(model, noise, radii)
+    worst = torch.maximum(found, sampled)
+    return {
+        "radius": radii.double(),
+        "bound": bound,
+        "attack": found,
+        "sampled": sampled,
+        "violations": int((worst > bound + 1e-6).sum()),
+        "attack_max": float(found.max()),
+        "sample_max": float(sampled.max()),
+    }
+
+
+def images_in_balls(model, noise, radii, data: Dataset) -> dict:
+    """Training or test images inside a certified ball, and CCU's confidence on them.
+
+    Returns ``inside`` (balls holding an image), ``min_margin`` (smallest ratio of the nearest
+    image's distance to the radius), ``confidence`` (CCU's confidence on those images; the
+    certificate demands at most ``1.1/M``) and ``worst_confidence`` (NaN when there are none).
+    """
+    everything = torch.cat([data.train_x, data.test_x])
+    nearest, idx = ccu.nearest_training_point(model.metric, noise.reshape(len(noise), -1), everything)
+    radii = radii.to(nearest)
+    inside = nearest <= radii
+    conf = _confidence(model, everything[idx[inside].cpu()]) if inside.any() else torch.empty(0)
+    return {
+        "inside": int(inside.sum()),
+        "min_margin": float((nearest / radii.clamp_min(1e-12)).min()),
+        "confidence": conf,
+        "worst_confidence": float(conf.max()) if len(conf) else float("nan"),
+    }
+
+
+# ----------------------------------------------------------------------------- figure 2
+def worst_cases_of_run(adv: dict, data: Dataset, prof: Profile, seed: int, rows: int = 4):
+    """Figure 2's inputs from :func:`ccu.experiment.adversarial_noise`'s result: the first
+    ``rows`` noise seeds, and per method their worst cases and scores."""
+    rows = min(rows, len(adv["radii"]))
+    seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)[:rows].numpy()
+    worst_x = {m: np.asarray(r["worst_x"])[:rows] for m, r in adv["methods"].items()}
+    worst_score = {m: np.asarray(r["worst_score"])[:rows] for m, r in adv["methods"].items()}
+    return seeds, worst_x, worst_score
+
+
+def worst_cases_of_reference(ref: dict, rows: int = 4):
+    """Figure 2's inputs from a committed reference run (``figure2.npz``)."""
+    path = ref["directory"] / "figure2.npz"
+    with np.load(path) as z:
+        seeds = z["seed"][:rows]
+        names = [k[: -len("_worst_x")] for k in z.files if k.endswith("_worst_x")]
+        worst_x = {m: z[f"{m}_worst_x"][:rows] for m in names}
+        worst_score = {m: z[f"{m}_worst_score"][:rows] for m in names}
+    return seeds, worst_x, worst_score
+
+
+def reference_radii(ref: dict) -> np.ndarray:
+    """The certified radii of a committed reference run (``radii.csv``; NaN: not certified)."""
+    return np.atleast_1d(np.loadtxt(ref["directory"] / "radii.csv", ndmin=1))
+
+
+def progress_enabled() -> bool:
+    """Whether training shows progress bars (``CCU_PROGRESS=0`` turns them off)."""
+    return os.environ.get("CCU_PROGRESS", "1") != "0"
