@@ -6,7 +6,6 @@ text come from the functions below, so the tests reach them without running a no
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -199,7 +198,9 @@ def images_in_balls(model, noise, radii, data: Dataset) -> dict:
     certificate demands at most ``1.1/M``) and ``worst_confidence`` (NaN when there are none).
     """
     everything = torch.cat([data.train_x, data.test_x])
-    nearest, idx = ccu.nearest_training_point(model.metric, noise.reshape(len(noise), -1), everything)
+    nearest, idx = ccu.nearest_training_point(
+        model.metric, noise.reshape(len(noise), -1), everything
+    )
     radii = radii.to(nearest)
     inside = nearest <= radii
     conf = _confidence(model, everything[idx[inside].cpu()]) if inside.any() else torch.empty(0)
@@ -213,31 +214,60 @@ def images_in_balls(model, noise, radii, data: Dataset) -> dict:
 
 # ----------------------------------------------------------------------------- figure 2
 def worst_cases_of_run(adv: dict, data: Dataset, prof: Profile, seed: int, rows: int = 4):
-    """Figure 2's inputs from :func:`ccu.experiment.adversarial_noise`'s result: the first
-    ``rows`` noise seeds, and per method their worst cases and scores."""
+    """Figure 2's rows (see :func:`ccu.plots.plot_worst_cases`) from
+    :func:`ccu.experiment.adversarial_noise`'s result: the first ``rows`` noise seeds."""
     rows = min(rows, len(adv["radii"]))
     seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)[:rows].numpy()
-    worst_x = {m: np.asarray(r["worst_x"])[:rows] for m, r in adv["methods"].items()}
-    worst_score = {m: np.asarray(r["worst_score"])[:rows] for m, r in adv["methods"].items()}
-    return seeds, worst_x, worst_score
+    return [
+        {
+            "label": f"seed {i}",
+            "seed": seeds[i],
+            "worst": {
+                m: (np.asarray(r["worst_x"])[i], float(np.asarray(r["worst_score"])[i]))
+                for m, r in adv["methods"].items()
+            },
+        }
+        for i in range(rows)
+    ]
 
 
-def worst_cases_of_reference(ref: dict, rows: int = 4):
-    """Figure 2's inputs from a committed reference run (``figure2.npz``)."""
-    path = ref["directory"] / "figure2.npz"
-    with np.load(path) as z:
-        seeds = z["seed"][:rows]
+def worst_cases_of_reference(dataset: str, ref: dict, rows: int = 2):
+    """Figure 2's rows from a committed reference run (its ``figure2.npz``)."""
+    with np.load(ref["directory"] / "figure2.npz") as z:
         names = [k[: -len("_worst_x")] for k in z.files if k.endswith("_worst_x")]
-        worst_x = {m: z[f"{m}_worst_x"][:rows] for m in names}
-        worst_score = {m: z[f"{m}_worst_score"][:rows] for m in names}
-    return seeds, worst_x, worst_score
+        rows = min(rows, len(z["seed"]))
+        return [
+            {
+                "label": f"{dataset}\nseed {i}",
+                "seed": z["seed"][i],
+                "worst": {
+                    m: (z[f"{m}_worst_x"][i], float(z[f"{m}_worst_score"][i])) for m in names
+                },
+            }
+            for i in range(rows)
+        ]
 
 
 def reference_radii(ref: dict) -> np.ndarray:
     """The certified radii of a committed reference run (``radii.csv``; NaN: not certified)."""
-    return np.atleast_1d(np.loadtxt(ref["directory"] / "radii.csv", ndmin=1))
+    return np.loadtxt(ref["directory"] / "radii.csv", ndmin=1)
 
 
-def progress_enabled() -> bool:
-    """Whether training shows progress bars (``CCU_PROGRESS=0`` turns them off)."""
-    return os.environ.get("CCU_PROGRESS", "1") != "0"
+# ----------------------------------------------------------------------------- normalisation
+@torch.no_grad()
+def normalisation_check(extent: float = 15.0, n: int = 601) -> dict:
+    """Integrate a 2-D Gaussian mixture on a grid: the library's density (normaliser with
+    ``(det C)^(-1/2)``) and the paper's printed one (``(det C)^(-d/2)``).
+
+    Returns ``ours`` and ``printed`` (the two total masses) and ``det_c``.
+    """
+    metric = ccu.Mahalanobis.from_covariance(torch.tensor([[3.0, 1.0], [1.0, 2.0]]))
+    means = torch.tensor([[0.0, 0.0], [2.0, 1.0]])
+    gmm = ccu.GaussianMixture(means, torch.zeros(2), torch.log(torch.ones(2) / 2), metric)
+    g = torch.linspace(-extent, extent, n)
+    xx, yy = torch.meshgrid(g, g, indexing="xy")
+    pts = torch.stack([xx.ravel(), yy.ravel()], 1)
+    ours = float(gmm.log_prob(pts).exp().sum()) * float(g[1] - g[0]) ** 2
+    d, log_det = 2, float(metric.log_det)
+    printed = ours * float(np.exp(0.5 * log_det - 0.5 * d * log_det))
+    return {"ours": ours, "printed": printed, "det_c": float(np.exp(log_det))}

@@ -175,14 +175,16 @@ def plot_bound_curves(model, x0, radii, level: float = 1.1, ax=None):
     """Corollary 1's bound as a function of R for each centre, with the level and the radii."""
     ax = ax or plt.subplots(figsize=(7, 4))[1]
     M = model.num_classes
-    r_max = float(radii.max()) * 1.6 if float(radii.max()) > 0 else 1.0
+    finite = radii[torch.isfinite(radii)]  # NaN: a point the library could not certify
+    r_max = float(finite.max()) * 1.6 if len(finite) and float(finite.max()) > 0 else 1.0
     grid = torch.linspace(0, r_max, 300, dtype=torch.float64)
     curves = []
     for i in range(len(x0)):
         b = ccu.confidence_bound(model, x0[i : i + 1].expand(len(grid), *x0.shape[1:]), grid)
         curves.append(b)
         line = ax.plot(grid.numpy(), b.numpy(), lw=1.5)[0]
-        ax.axvline(float(radii[i]), color=line.get_color(), ls="--", lw=0.8)
+        if torch.isfinite(radii[i]):
+            ax.axvline(float(radii[i]), color=line.get_color(), ls="--", lw=0.8)
     ax.axhline(level / M, color="k", ls=":", label=f"{level:g}/M")
     ax.set_xlabel(f"radius R ({DISTANCE_UNIT})")
     ax.set_ylabel("Corollary 1 bound on $\\max_y \\hat p(y|x)$")
@@ -257,20 +259,32 @@ def score_label(method: str, score: float) -> str:
     return f"{method}\nconf. {np.exp(score):.3f}"
 
 
-def plot_worst_cases(seeds, worst_x: dict, worst_score: dict, methods=None):
+def plot_worst_cases(rows: list[dict], methods=None):
     """Figure 2 of the paper: one row per noise seed; the seed, then each method's worst case in
-    the certified ball with its confidence (raw score for MCD and Maha) above it."""
-    methods = list(methods or worst_x)
-    rows = len(seeds)
+    the certified ball with its confidence (the raw score for MCD and Maha) above it.
+
+    ``rows``: dicts with ``label`` (the row's name), ``seed`` (the image, (C, H, W)) and ``worst``
+    (``{method: (image, score)}``); a method missing from a row leaves its panel empty.
+    """
+    methods = list(methods or dict.fromkeys(m for r in rows for m in r["worst"]))
     fig, axes = plt.subplots(
-        rows, len(methods) + 1, figsize=(1.6 * (len(methods) + 1), 1.9 * rows), squeeze=False
+        len(rows),
+        len(methods) + 1,
+        figsize=(1.5 * (len(methods) + 1), 1.85 * len(rows)),
+        squeeze=False,
     )
-    for i in range(rows):
-        _show_image(axes[i, 0], seeds[i])
-        axes[i, 0].set_title("seed", fontsize=8)
+    for i, row in enumerate(rows):
+        _show_image(axes[i, 0], row["seed"])
+        axes[i, 0].set_title(row["label"], fontsize=8)
         for j, m in enumerate(methods):
-            _show_image(axes[i, j + 1], worst_x[m][i])
-            axes[i, j + 1].set_title(score_label(m, float(worst_score[m][i])), fontsize=8)
+            ax = axes[i, j + 1]
+            if m not in row["worst"]:
+                ax.axis("off")
+                ax.set_title(f"{m}\nnot run", fontsize=8)
+                continue
+            img, score = row["worst"][m]
+            _show_image(ax, img)
+            ax.set_title(score_label(m, float(score)), fontsize=8)
     fig.tight_layout()
     return fig
 

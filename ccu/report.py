@@ -190,3 +190,18 @@ def styled(table: pd.DataFrame, caption: str, precision: int = 1):
     """``table`` for display: ``caption`` above it, numbers at ``precision`` decimals and
     :data:`MISSING` where there is no value (NaN: the paper has no number for that cell)."""
     return table.style.format(precision=precision, na_rep=MISSING).set_caption(caption)
+
+
+def training_table(runs: dict) -> pd.DataFrame:
+    """One row per method of :func:`ccu.experiment.run_method` results: test error (%), mean
+    max confidence on the test set, training seconds (NaN if unknown) and whether it was loaded."""
+    rows = {
+        m: {
+            "test error %": 100 * r.metrics["test_error"],
+            "mean max confidence": r.metrics["mean_max_confidence"],
+            "train seconds": r.config.get("train_seconds", np.nan),
+            "loaded from disk": bool(r.loaded),
+        }
+        for m, r in ((m, runs[m]) for m in ordered(runs))
+    }
+    return pd.DataFrame(rows).T.infer_objects()

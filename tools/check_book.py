@@ -7,7 +7,7 @@ For each HTML page of ``_build/html`` (the chapters and the other pages of ``_to
 * math: every MathJax-marked element rendered by MathJax, none with a MathJax error, and no raw
   ``\\(``, ``\\[``, ``$$`` or ``\\begin{`` left in the text outside code;
 * outputs: no progress-bar fragments (tqdm), no ``Traceback`` or ``Error`` in cell outputs;
-* nothing loaded from outside the book (the browser resolves no host names at all).
+* nothing loaded from outside the book (the browser's network is cut: a dead proxy).
 
 It works on the DOM after scripts have run (``chromium --headless --dump-dom`` with a virtual-time
 budget): a copy of each page gets a probe script that waits for MathJax, measures the page and
@@ -36,7 +36,10 @@ INSTALL_HINT = "apt-get update && apt-get install -y chromium"
 # Runs in the page: waits for MathJax (if the page loads it) and images, then reports as JSON.
 PROBE_JS = r"""
 (function () {
-  function report() {
+  var reported = false;
+  function report(timedOut) {
+    if (reported) return;
+    reported = true;
     var main = document.querySelector("main") || document.body;
     var figures = [];
     main.querySelectorAll("figure").forEach(function (f) {
@@ -52,7 +55,7 @@ PROBE_JS = r"""
       });
     });
     var loose = main.querySelectorAll(".cell_output img").length;
-    var math = main.querySelectorAll(".math");
+    var math = main.querySelectorAll(".math.notranslate");  // what Sphinx marked as math
     var unrendered = 0;
     math.forEach(function (m) {
       if (!m.querySelector(".MathJax, .MathJax_Display, .MathJax_SVG, mjx-container")) unrendered++;
@@ -84,18 +87,20 @@ PROBE_JS = r"""
       text: clone.innerText,
       outputs: outputs,
       external: external,
+      timed_out: !!timedOut,
       height: Math.max(document.documentElement.scrollHeight, document.body.scrollHeight)
     });
     document.body.appendChild(out);
   }
   function whenMathDone() {
     if (window.MathJax && window.MathJax.Hub && window.MathJax.Hub.Queue) {
-      window.MathJax.Hub.Queue(function () { setTimeout(report, 200); });
+      window.MathJax.Hub.Queue(function () { setTimeout(function () { report(false); }, 200); });
     } else {
-      setTimeout(report, 500);
+      setTimeout(function () { report(false); }, 500);
     }
   }
   window.addEventListener("load", function () { setTimeout(whenMathDone, 300); });
+  setTimeout(function () { report(true); }, 15000);  // MathJax never finished: say so
 })();
 """.replace("%(probe_id)s", PROBE_ID)
 
@@ -128,8 +133,8 @@ def chromium_args(binary: str) -> list[str]:
         "--disable-component-update",
         "--disable-sync",
         "--disable-dev-shm-usage",
-        # the network is cut: no host name resolves (file:// pages need none)
-        "--host-resolver-rules=MAP * ~NOTFOUND",
+        # the network is cut: every http(s) request goes to a closed local port and fails
+        # (file:// pages need none); host-resolver rules instead stall Chromium's virtual time
         "--proxy-server=http://127.0.0.1:9",
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -151,7 +156,7 @@ def probe_page(binary: str, page: Path, budget_ms: int = 20000) -> dict:
     html = page.read_text(encoding="utf-8")
     if "</body>" not in html:
         raise ValueError(f"{page}: no </body>")
-    copy = page.with_name(f".probe-{page.name}")
+    copy = page.with_name(f"ccu-probe-{page.name}")
     copy.write_text(html.replace("</body>", f"<script>{PROBE_JS}</script></body>", 1), "utf-8")
     try:
         dom = run_chromium(
@@ -160,7 +165,7 @@ def probe_page(binary: str, page: Path, budget_ms: int = 20000) -> dict:
         )
     finally:
         copy.unlink(missing_ok=True)
-    m = re.search(rf'<pre id="{PROBE_ID}">(.*?)</pre>', dom, re.S)
+    m = re.search(rf'<pre id="{PROBE_ID}"[^>]*>(.*?)</pre>', dom, re.S)
     if not m:
         raise RuntimeError(f"{page}: the probe did not report (page scripts did not finish)")
     import html as html_lib
@@ -189,9 +194,7 @@ def expected_figures(source: Path) -> int:
     """Figures a chapter's source asks for: ``{glue:figure}`` and ``{figure}`` directives."""
     if source.suffix == ".ipynb":
         nb = json.loads(source.read_text(encoding="utf-8"))
-        text = "\n".join(
-            "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"
-        )
+        text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     else:
         text = source.read_text(encoding="utf-8")
     return len(re.findall(r"^\s*(```+|:::+)\{(glue:figure|figure)\}", text, re.M))
@@ -220,6 +223,8 @@ def check_page(found: dict, n_figures: int) -> list[str]:
                 f"{found['math_unrendered']} of {found['math_elements']} math elements "
                 "not rendered by MathJax"
             )
+    if found["timed_out"]:
+        errors.append("MathJax did not finish typesetting within the time budget")
     if found["math_errors"]:
         errors.append(f"{found['math_errors']} MathJax errors")
     raw = [s for s in RAW_MATH if s in found["text"]]
@@ -247,7 +252,10 @@ def pages_of_book(html: Path) -> dict[Path, Path]:
         files += [c["file"] for c in part.get("chapters", [])]
     pages = {}
     for f in files:
-        src = next((ROOT / f"{f}{ext}" for ext in (".ipynb", ".md") if (ROOT / f"{f}{ext}").is_file()), None)
+        src = next(
+            (ROOT / f"{f}{ext}" for ext in (".ipynb", ".md") if (ROOT / f"{f}{ext}").is_file()),
+            None,
+        )
         if src is None:
             raise FileNotFoundError(f"no source for {f} in _toc.yml")
         pages[html / f"{f}.html"] = src

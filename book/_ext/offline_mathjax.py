@@ -2,8 +2,8 @@
 
 MathJax 2.7 comes from the ``jupyter-server-mathjax`` package (a dependency of the ``book``
 extra). At ``builder-inited`` its files are copied into ``_static/mathjax`` of the HTML output and
-``mathjax_path`` points there; the in-page configuration is MathJax 2's (TeX input, HTML-CSS output
-with the bundled STIX web fonts), restricted to the elements MyST marks as math.
+``mathjax_path`` points there; the in-page configuration is MathJax 2's (the package's combined TeX input
+and HTML-CSS output, with its STIX web fonts), restricted to the elements MyST marks as math.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 MATHJAX_DIR = "mathjax"
 
 MATHJAX2_CONFIG = {
-    "jax": ["input/TeX", "output/HTML-CSS"],
-    "extensions": ["tex2jax.js", "MathMenu.js", "MathZoom.js"],
+    # the package ships MathJax's combined configuration (TeX input and HTML-CSS output inside)
+    "config": ["TeX-AMS-MML_HTMLorMML-full.js"],
     "TeX": {"extensions": ["AMSmath.js", "AMSsymbols.js", "noErrors.js", "noUndefined.js"]},
     "tex2jax": {
         "inlineMath": [["\\(", "\\)"]],
