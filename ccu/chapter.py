@@ -85,12 +85,11 @@ def setup_chapter(
     return ChapterSetup(data, prof, settings, chosen)
 
 
-def glue(name: str, value, display: bool = False):
-    """``myst_nb.glue`` (a value the chapter's prose quotes); returns ``value``."""
+def glue(name: str, value, display: bool = False) -> None:
+    """``myst_nb.glue``: a value the chapter's prose quotes (``{glue:text}`name```)."""
     from myst_nb import glue as _glue
 
     _glue(name, value, display=display)
-    return value
 
 
 def glue_figure(name: str, fig) -> None:
@@ -271,3 +270,47 @@ def normalisation_check(extent: float = 15.0, n: int = 601) -> dict:
     d, log_det = 2, float(metric.log_det)
     printed = ours * float(np.exp(0.5 * log_det - 0.5 * d * log_det))
     return {"ours": ours, "printed": printed, "det_c": float(np.exp(log_det))}
+
+
+# ----------------------------------------------------------------------------- reference runs
+def reference_summary(dataset: str, ref: dict) -> str:
+    """One Markdown line about a committed reference run's adversarial-noise results."""
+    t1 = ref["table1"]
+    cfg = next(iter(ref["config"].values()))
+    return (
+        f"**{dataset}** (data sha256 `{cfg['data_checksum'][:12]}...`): median certified radius "
+        f"{t1['median_radius']:.1f}; images inside balls: {t1['images_inside_balls']}; CCU bound "
+        f"violations: {t1.get('ccu_bound_violations')}; certified AUC "
+        f"{100 * t1['certified_auc']:.2f}%; skipped for time: {t1.get('skipped_for_time') or 'none'}"
+    )
+
+
+def reference_ood_tables(refs: dict) -> list:
+    """Per committed reference run: its AUROC and AUPR-In tables, captioned, ours | paper."""
+    from ccu import report
+
+    out = []
+    for name, ref in refs.items():
+        caption = reference_caption(name, ref)
+        for metric, title in (("auroc", "AUROC (%)"), ("aupr_in", "AUPR-In (%)")):
+            table = report.ood_table(ref["metrics"], name, metric)
+            out.append(report.styled(table, f"{title}, {caption}"))
+    return out
+
+
+def reference_attack_tables(refs: dict) -> list:
+    """Per committed reference run: a Markdown summary, Table 1 and the P_Stats row."""
+    from IPython.display import Markdown
+
+    from ccu import report
+
+    out = []
+    for name, ref in refs.items():
+        caption, ccu_metrics = reference_caption(name, ref), ref["metrics"]["CCU"]
+        out.append(Markdown(reference_summary(name, ref)))
+        out.append(
+            report.styled(report.attack_table(ref["table1"], name), f"Table 1 (%), {caption}")
+        )
+        p_stats = report.p_stats_row(ccu_metrics, name, ccu_metrics["n_test"])
+        out.append(report.styled(p_stats, f"P_Stats, {caption}", 2))
+    return out

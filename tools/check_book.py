@@ -5,7 +5,7 @@ For each HTML page of ``_build/html`` (the chapters and the other pages of ``_to
 * figures: as many numbered figures with a loaded, non-empty image as the chapter's source asks
   for (``{glue:figure}`` and ``{figure}`` directives in its Markdown cells);
 * math: every MathJax-marked element rendered by MathJax, none with a MathJax error, and no raw
-  ``\\(``, ``\\[``, ``$$`` or ``\\begin{`` left in the text outside code;
+  ``\\(``, ``\\[``, ``$`` or ``\\begin{`` left in the text outside code;
 * outputs: no progress-bar fragments (tqdm), no ``Traceback`` or ``Error`` in cell outputs;
 * nothing loaded from outside the book (the browser's network is cut: a dead proxy).
 
@@ -106,7 +106,8 @@ PROBE_JS = r"""
 
 TQDM = re.compile(r"\d+%\|[^\n]*\||\d+(\.\d+)?(it/s|s/it)\]|\|\s*\d+/\d+ \[")
 ERROR = re.compile(r"Traceback|\b\w*Error\b")
-RAW_MATH = ("\\(", "\\)", "\\[", "\\]", "$$", "\\begin{")
+# a "$" left in the text is a dollar-math delimiter MyST did not pair: broken math
+RAW_MATH = ("\\(", "\\)", "\\[", "\\]", "$", "\\begin{")
 
 
 def find_chromium() -> str | None:
