@@ -189,7 +189,11 @@ def every_metric_table(metrics: dict[str, dict]) -> pd.DataFrame:
 def styled(table: pd.DataFrame, caption: str, precision: int = 1):
     """``table`` for display: ``caption`` above it, numbers at ``precision`` decimals and
     :data:`MISSING` where there is no value (NaN: the paper has no number for that cell)."""
-    return table.style.format(precision=precision, na_rep=MISSING).set_caption(caption)
+    return (
+        table.style.format(precision=precision, na_rep=MISSING)
+        .set_caption(caption)
+        .set_table_attributes('class="dataframe"')  # the book theme's table style
+    )
 
 
 def training_table(runs: dict) -> pd.DataFrame:
