@@ -266,7 +266,9 @@ def plot_worst_cases(rows: list[dict], methods=None):
     ``rows``: dicts with ``label`` (the row's name), ``seed`` (the image, (C, H, W)) and ``worst``
     (``{method: (image, score)}``); a method missing from a row leaves its panel empty.
     """
-    methods = list(methods or dict.fromkeys(m for r in rows for m in r["worst"]))
+    from ccu.methods import ordered  # the paper's column order
+
+    methods = ordered(methods or {m for r in rows for m in r["worst"]})
     fig, axes = plt.subplots(
         len(rows),
         len(methods) + 1,

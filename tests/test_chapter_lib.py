@@ -104,7 +104,7 @@ def test_figure2_rows_and_grid_from_the_reference_runs():
     assert refs, "reference results are committed"
     rows = [r for name, ref in refs.items() for r in chapter.worst_cases_of_reference(name, ref)]
     assert len(rows) == 2 * len(refs)
-    methods = list(dict.fromkeys(m for r in rows for m in r["worst"]))
+    methods = ccu.methods.ordered({m for r in rows for m in r["worst"]})
     assert "CCU" in methods and "Base" in methods
     fig = plots.plot_worst_cases(rows)
     axes = np.array(fig.axes).reshape(len(rows), len(methods) + 1)
