@@ -13,6 +13,7 @@ from helpers import random_ccu  # noqa: E402
 
 import ccu  # noqa: E402
 from ccu import chapter, plots, report  # noqa: E402
+from ccu.methods import ordered  # noqa: E402
 
 BASE, CCU = "Base (ReLU network)", "CCU"
 
@@ -104,7 +105,7 @@ def test_figure2_rows_and_grid_from_the_reference_runs():
     assert refs, "reference results are committed"
     rows = [r for name, ref in refs.items() for r in chapter.worst_cases_of_reference(name, ref)]
     assert len(rows) == 2 * len(refs)
-    methods = ccu.methods.ordered({m for r in rows for m in r["worst"]})
+    methods = ordered({m for r in rows for m in r["worst"]})
     assert "CCU" in methods and "Base" in methods
     fig = plots.plot_worst_cases(rows)
     axes = np.array(fig.axes).reshape(len(rows), len(methods) + 1)
