@@ -86,7 +86,7 @@ def setup_chapter(
 
 
 def glue(name: str, value, display: bool = False) -> None:
-    """``myst_nb.glue``: a value the chapter's prose quotes (``{glue:text}`name```)."""
+    """``myst_nb.glue`` without display: a value the prose quotes with the ``glue:text`` role."""
     from myst_nb import glue as _glue
 
     _glue(name, value, display=display)
