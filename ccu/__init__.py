@@ -83,3 +83,13 @@ __all__ = [
     "train_settings",
     "uniform_cross_entropy",
 ]
+
+
+def __getattr__(name: str):
+    # ``ccu.setup_chapter``: the chapters' one-call setup, imported on first use (it loads the
+    # data layer and plotting, which plain ``import ccu`` does not need)
+    if name == "setup_chapter":
+        from ccu.chapter import setup_chapter
+
+        return setup_chapter
+    raise AttributeError(f"module 'ccu' has no attribute {name!r}")

@@ -15,6 +15,21 @@ import torch
 import ccu
 from ccu.bounds import theorem1_terms
 
+#: the unit of every distance the book plots: the metric d(x, y) = ||W (x - y)||, i.e. Euclidean
+#: distance after whitening with the in-distribution's (regularised) covariance
+DISTANCE_UNIT = "whitened units"
+#: methods whose score is not a log-confidence (Figure 2 shows their raw score)
+RAW_SCORE_METHODS = frozenset({"MCD", "Maha"})
+
+
+def set_style() -> None:
+    """The book's one figure style (a seaborn theme); every chapter calls it through
+    :func:`ccu.chapter.setup_chapter`."""
+    import seaborn as sns
+
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+    plt.rcParams.update({"figure.dpi": 96, "savefig.bbox": "tight", "image.cmap": "viridis"})
+
 
 def softmax_confidence(model) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x -> max_y softmax(f(x))_y`` for a plain classifier."""
@@ -81,6 +96,9 @@ def plot_confidence_maps(
                 ax.contour(g, g, cls, levels=np.arange(data.num_classes - 1) + 0.5, colors="w")
             ax.scatter(x[:, 0], x[:, 1], c=y, s=3, cmap="coolwarm", edgecolors="none")
             ax.set_title(f"{title}, [-{extent:g}, {extent:g}]$^2$")
+            ax.set_xlabel("$x_1$ (input units)")
+            ax.set_ylabel("$x_2$ (input units)")
+            ax.grid(False)
             ax.set_xlim(-extent, extent)
             ax.set_ylim(-extent, extent)
             ax.set_aspect("equal")
@@ -147,7 +165,7 @@ def plot_rays(nearest, conf, num_classes: int, markers: dict | None = None, ax=N
         line = ax.axvline(dist, ls="--", lw=1, label=label)
         ax.axhline(level, color=line.get_color(), ls="-.", lw=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel(r"distance to the training set $\min_i d(z, x_i)$")
+    ax.set_xlabel(rf"distance to the training set $\min_i d(z, x_i)$ ({DISTANCE_UNIT})")
     ax.set_ylabel(r"$\max_y \hat p(y|z)$")
     ax.legend(fontsize=8)
     return ax
@@ -169,7 +187,7 @@ def plot_bound_curves(model, x0, radii, level: float = 1.1, ax=None):
         if not bool(radii[i].isnan()):
             ax.axvline(float(radii[i]), color=line.get_color(), ls="--", lw=0.8)
     ax.axhline(level / M, color="k", ls=":", label=f"{level:g}/M")
-    ax.set_xlabel("radius R (metric units)")
+    ax.set_xlabel(f"radius R ({DISTANCE_UNIT})")
     ax.set_ylabel("Corollary 1 bound on $\\max_y \\hat p(y|x)$")
     ax.legend()
     return ax, grid, torch.stack(curves)
@@ -192,3 +210,101 @@ def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
         lo, hi = (lo, mid) if log_b(mid) > target else (mid, hi)
         rows.append((k, lo, hi))
     return rows
+
+
+def plot_attack_vs_bound(check: dict, num_classes: int, level: float = 1.1, ax=None):
+    """Corollary 1 chapter: the confidence PGD and sampling found in each ball, against its
+    radius, under the certified level (``check`` is :func:`ccu.chapter.corollary1_check`)."""
+    ax = ax or plt.subplots(figsize=(7, 3.5))[1]
+    radius = check["radius"].numpy()
+    ax.scatter(radius, check["attack"].numpy(), s=12, label="PGD worst case")
+    ax.scatter(radius, check["sampled"].numpy(), s=12, marker="x", label="best of the samples")
+    ax.axhline(level / num_classes, color="k", ls=":", label=f"{level:g}/M (the certificate)")
+    ax.set_xlabel(f"certified radius ({DISTANCE_UNIT})")
+    ax.set_ylabel(r"confidence found $\max_y \hat p(y|x)$")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_radius_histograms(radii: dict, bins: int = 20):
+    """Figure 3 of the paper: a histogram of the certified radii of uniform noise per dataset.
+
+    ``radii`` maps a panel title (dataset and run) to an array of radii; NaN entries (points the
+    library could not certify) are counted in the panel title, not drawn.
+    """
+    fig, axes = plt.subplots(1, len(radii), figsize=(4.2 * len(radii), 3.2), squeeze=False)
+    for ax, (title, r) in zip(axes[0], radii.items(), strict=True):
+        r = np.asarray(r, dtype=float)
+        ok = np.isfinite(r)
+        ax.hist(r[ok], bins=bins, color="tab:blue")
+        ax.set_title(f"{title}\n{int(ok.sum())} certified, {int((~ok).sum())} not", fontsize=10)
+        ax.set_xlabel(f"certified radius ({DISTANCE_UNIT})")
+        ax.set_ylabel("noise images")
+    fig.tight_layout()
+    return fig
+
+
+def _show_image(ax, img) -> None:
+    img = np.clip(np.asarray(img, dtype=float), 0.0, 1.0)
+    if img.ndim == 3 and img.shape[0] == 3:
+        ax.imshow(img.transpose(1, 2, 0))
+    else:
+        ax.imshow(img.reshape(img.shape[-2:]), cmap="gray", vmin=0, vmax=1)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+
+
+def score_label(method: str, score: float) -> str:
+    """Figure 2's caption of a worst case: the confidence, or the raw score for MCD and Maha."""
+    if method in RAW_SCORE_METHODS:
+        return f"{method}\nscore {score:.3g}"
+    return f"{method}\nconf. {np.exp(score):.3f}"
+
+
+def plot_worst_cases(rows: list[dict], methods=None):
+    """Figure 2 of the paper: one row per noise seed; the seed, then each method's worst case in
+    the certified ball with its confidence (the raw score for MCD and Maha) above it.
+
+    ``rows``: dicts with ``label`` (the row's name), ``seed`` (the image, (C, H, W)) and ``worst``
+    (``{method: (image, score)}``); a method missing from a row leaves its panel empty.
+    """
+    from ccu.methods import ordered  # the paper's column order
+
+    methods = ordered(methods or {m for r in rows for m in r["worst"]})
+    fig, axes = plt.subplots(
+        len(rows),
+        len(methods) + 1,
+        figsize=(1.5 * (len(methods) + 1), 1.85 * len(rows)),
+        squeeze=False,
+    )
+    for i, row in enumerate(rows):
+        _show_image(axes[i, 0], row["seed"])
+        axes[i, 0].set_title(row["label"], fontsize=8)
+        for j, m in enumerate(methods):
+            ax = axes[i, j + 1]
+            if m not in row["worst"]:
+                ax.axis("off")
+                ax.set_title(f"{m}\nnot run", fontsize=8)
+                continue
+            img, score = row["worst"][m]
+            _show_image(ax, img)
+            ax.set_title(score_label(m, float(score)), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_history(histories: dict):
+    """Training loss and accuracy per epoch, one line per method (``{method: history dict}``)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+    for m, hist in histories.items():
+        if hist:
+            axes[0].plot(np.arange(1, len(hist["loss"]) + 1), hist["loss"], label=m)
+            axes[1].plot(np.arange(1, len(hist["accuracy"]) + 1), hist["accuracy"], label=m)
+    axes[0].set_ylabel("training loss (nats per example)")
+    axes[1].set_ylabel("training accuracy (fraction)")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

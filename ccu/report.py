@@ -187,3 +187,49 @@ def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | No
             row["train s"] = config[method].get("train_seconds")
         rows[method] = row
     return pd.DataFrame(rows).T
+
+
+#: what a table shows where the paper (or a run) has no number
+MISSING = "—"
+
+
+def every_metric_table(metrics: dict[str, dict]) -> pd.DataFrame:
+    """Every OOD metric of every method and OOD set (AUROC, AUPR-In/Out, FPR@95 in percent, and
+    the mean max confidence on the OOD set), one row per (method, OOD set), paper order."""
+    rows = []
+    for method in ordered(metrics):
+        for ood, d in metrics[method]["ood"].items():
+            if "auroc" not in d:
+                continue
+            row = {"method": method, "OOD set": PAPER_OOD.get(ood, ood)}
+            row.update({k: 100 * v for k, v in d.items() if k != "mean_max_confidence"})
+            row["mean conf."] = d.get("mean_max_confidence", np.nan)
+            rows.append(row)
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows).set_index(["method", "OOD set"])
+
+
+def styled(table: pd.DataFrame, caption: str, precision: int = 1):
+    """``table`` for display: ``caption`` above it, numbers at ``precision`` decimals and
+    :data:`MISSING` where there is no value (NaN: the paper has no number for that cell)."""
+    return (
+        table.style.format(precision=precision, na_rep=MISSING)
+        .set_caption(caption)
+        .set_table_attributes('class="dataframe"')  # the book theme's table style
+    )
+
+
+def training_table(runs: dict) -> pd.DataFrame:
+    """One row per method of :func:`ccu.experiment.run_method` results: test error (%), mean
+    max confidence on the test set, training seconds (NaN if unknown) and whether it was loaded."""
+    rows = {
+        m: {
+            "test error %": 100 * r.metrics["test_error"],
+            "mean max confidence": r.metrics["mean_max_confidence"],
+            "train seconds": r.config.get("train_seconds", np.nan),
+            "loaded from disk": bool(r.loaded),
+        }
+        for m, r in ((m, runs[m]) for m in ordered(runs))
+    }
+    return pd.DataFrame(rows).T.infer_objects()

@@ -20,4 +20,31 @@ fi
 export PATH="$ROOT/.venv/bin:$PATH"
 # One torch thread: two competing multi-threaded processes slow down 100x on 2 cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
+# Scripts and tests draw with Agg; the chapters switch their kernel to the inline backend
+# (ccu.chapter.setup_chapter), so the book shows every figure.
 export MPLBACKEND=Agg PYTHONHASHSEED=0
+# CCU_PROGRESS stays as the caller set it: the book hides progress bars with `remove-stderr`.
+
+# The nbstripout arguments from pyproject.toml ([tool.nbstripout] args), printed by python -c.
+NBSTRIPOUT_ARGS='
+try:
+    import tomllib
+except ImportError:  # Python 3.10: pytest brings tomli
+    import tomli as tomllib
+with open("pyproject.toml", "rb") as f:
+    print(" ".join(tomllib.load(f)["tool"]["nbstripout"]["args"]))'
+
+# Headless Chromium for tools/check_book.py: installed with apt when missing and we are root.
+ensure_chromium() {
+  if command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+      || [ -n "${CHROMIUM:-}" ]; then
+    return 0
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "[ccu] installing chromium (apt-get) for the browser check"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "[ccu] the browser check needs Chromium: apt-get update && apt-get install -y chromium" >&2
+    return 1
+  fi
+}

@@ -1,0 +1,321 @@
+"""What the book's chapters share: their setup, and the computations behind their prose.
+
+Each chapter's setup cell is one call, :func:`setup_chapter`; the numbers a chapter states in its
+text come from the functions below, so the tests reach them without running a notebook.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+import ccu
+from ccu import plots
+from ccu.config import Profile, TrainSettings, get_profile, train_settings
+from ccu.data import Dataset, load_dataset
+from ccu.data.ood import uniform_noise
+
+
+class ChapterSetup(NamedTuple):
+    """What :func:`setup_chapter` returns: ``data, prof, settings, methods = setup_chapter(...)``."""
+
+    data: Dataset
+    profile: Profile
+    settings: TrainSettings
+    methods: list[str]
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (interactive or executed by the book build, nbval, papermill)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython comes with the book extra
+        return False
+    shell = get_ipython()
+    return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+
+
+def use_book_style() -> None:
+    """The book's look: the seaborn theme for every figure and, in a notebook kernel, the inline
+    backend (scripts and tests keep whatever ``MPLBACKEND`` says, e.g. Agg)."""
+    plots.set_style()
+    if in_notebook():
+        import pandas as pd
+        from IPython import get_ipython
+
+        get_ipython().run_line_magic("matplotlib", "inline")
+        pd.set_option("display.max_columns", None)  # all methods side by side, ours | paper
+
+
+def setup_chapter(
+    dataset: str,
+    profile: str,
+    seed: int = 0,
+    device: str = "cpu",
+    overrides: dict | None = None,
+    methods: list[str] | None = None,
+    verbose: bool = True,
+) -> ChapterSetup:
+    """Validate a chapter's parameters, load its data and set the book's figure style.
+
+    Unknown profiles, profile fields, methods or datasets raise a ``ValueError`` that lists the
+    valid names. Returns the dataset (capped at the profile's ``n_train``), the profile with
+    ``overrides`` applied, the dataset's training settings and ``methods`` in the paper's order.
+    """
+    from ccu.methods import get_method, ordered
+
+    use_book_style()
+    prof = get_profile(profile, **dict(overrides or {}))
+    chosen = ordered(methods or [])
+    for name in chosen:
+        get_method(name)
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"methods listed twice: {chosen}.")
+    data = load_dataset(dataset, seed=seed).subset(prof.n_train)
+    settings = train_settings(dataset)
+    torch.manual_seed(seed)
+    if verbose:
+        print(
+            f"{data.name}: {len(data.train_x)} train / {len(data.test_x)} test, "
+            f"{data.num_classes} classes; out-distribution: {data.out_description}; "
+            f"profile {prof.name}: {prof.epochs} epochs; seed {seed}, device {device}"
+        )
+    return ChapterSetup(data, prof, settings, chosen)
+
+
+def glue(name: str, value, display: bool = False) -> None:
+    """``myst_nb.glue`` without display: a value the prose quotes with the ``glue:text`` role."""
+    from myst_nb import glue as _glue
+
+    _glue(name, value, display=display)
+
+
+def glue_figure(name: str, fig) -> None:
+    """Glue ``fig`` under ``name`` for a numbered ``{glue:figure}`` and close it.
+
+    The figure is also displayed in the cell, for people running the notebook in Jupyter; the
+    book removes that copy (the cell carries the ``remove-output`` tag, checked by the tests).
+    """
+    import matplotlib.pyplot as plt
+
+    if in_notebook():
+        glue(name, fig, display=True)
+    plt.close(fig)
+
+
+def run_caption(dataset: str, prof: Profile, seed: int, device: str = "cpu") -> str:
+    """Names the run behind a table: dataset, profile and seed of this chapter's run."""
+    return f"{dataset}, profile {prof.name} ({prof.epochs} epochs), seed {seed}, {device}: this run"
+
+
+def reference_caption(dataset: str, ref: dict) -> str:
+    """Names a committed reference run: dataset, profile, seed, device and commit."""
+    cfg = next(iter(ref["config"].values()))
+    commit = str(cfg.get("commit") or "?")[:10]
+    device = ref.get("table1", {}).get("device_name") or cfg.get("device", "?")
+    return (
+        f"{dataset}, reference run of profile {cfg['profile']['name']}, seed {cfg['seed']}, "
+        f"{device}, commit {commit}"
+    )
+
+
+# ----------------------------------------------------------------------------- two moons
+def far_field(base_conf, ccu_conf, maps: dict, extent: float, inner: float = 10.0) -> dict:
+    """The two-moons chapter's far-field numbers.
+
+    ``maps`` is :func:`ccu.plots.plot_confidence_maps`'s dict, holding a ``grid x grid`` map over
+    ``[-extent, extent]^2`` for the titles ``"Base (ReLU network)"`` and ``"CCU"``. Returns the
+    smallest Base confidence and the largest CCU confidence at least ``inner`` away from the
+    origin (max-norm), and both confidences at the corner ``(1000, 1000)``.
+    """
+    base_map, ccu_map = maps[("Base (ReLU network)", extent)], maps[("CCU", extent)]
+    axis = np.linspace(-extent, extent, base_map.shape[0])
+    ring = np.maximum(*np.abs(np.meshgrid(axis, axis))) >= inner
+    if not ring.any():
+        raise ValueError(f"no grid point is {inner} away from the origin within {extent}.")
+    corner = torch.tensor([[1e3, 1e3]])
+    return {
+        "base_far_min": float(base_map[ring].min()),
+        "ccu_far_max": float(ccu_map[ring].max()),
+        "base_corner": float(base_conf(corner)),
+        "ccu_corner": float(ccu_conf(corner)),
+    }
+
+
+# ----------------------------------------------------------------------------- corollary 1
+def noise_centres(prof: Profile, data: Dataset, seed: int) -> torch.Tensor:
+    """The uniform-noise centres the Corollary 1 chapter certifies."""
+    return uniform_noise(prof.n_seeds, data.spec.shape, seed=seed + 100)
+
+
+@torch.no_grad()
+def _confidence(model, x):
+    return model(x).exp().max(1).values
+
+
+def corollary1_check(
+    model, noise, radii, prof: Profile, seed: int = 0, n_samples: int = 50, level: float = 1.1
+):
+    """Try to break Corollary 1 inside every certified ball (intersected with ``[0, 1]^d``):
+    :func:`ccu.attack_certificates` (PGD with the profile's steps and restarts on the float32
+    model, ``n_samples`` uniform points per ball, every point judged by the float64 model).
+
+    Uncertified centres (NaN radius) have no ball and are counted apart. Returns per certified
+    ball ``radius``, ``bound``, ``attack`` and ``sampled`` (float64 confidences found); and
+    ``violations``, ``outside`` (points outside their ball: must be 0), ``n_certified``,
+    ``n_uncertified``, ``attack_max``, ``sample_max`` and ``float32_deviation`` (the largest
+    ``|p32 - p64|`` at the points judged)."""
+    ok = ccu.certified_mask(radii)
+    tried = ccu.attack_certificates(
+        model, noise, level, prof.attack_steps, prof.attack_restarts, n_samples, seed
+    )
+    if not torch.equal(ccu.certified_mask(tried.radius), ok.to(tried.radius.device)):
+        raise ValueError("radii must be ccu.certified_radius(model, noise, level) for this level.")
+    found = ccu.bounds._confidence_as(model, tried.attack.x, torch.float64, 500).cpu()
+    chk = tried.check
+    return {
+        "radius": tried.radius[ok.to(tried.radius.device)].double().cpu(),
+        "bound": chk.bound.cpu(),
+        "attack": found,
+        "sampled": tried.sampled_max.cpu(),
+        "violations": chk.n_violations,
+        "outside": chk.n_outside,
+        "n_certified": int(ok.sum()),
+        "n_uncertified": int((~ok).sum()),
+        "attack_max": float(found.max()),
+        "sample_max": float(tried.sampled_max.max()),
+        "float32_deviation": chk.max_float32_deviation,
+    }
+
+
+def images_in_balls(model, noise, radii, data: Dataset) -> dict:
+    """Training or test images inside a certified ball, and CCU's confidence on them.
+
+    Uncertified centres (NaN radius) have no ball. Returns ``inside`` (certified balls holding an
+    image), ``min_margin`` (smallest ratio of the nearest image's distance to the radius over the
+    certified balls), ``confidence`` (CCU's confidence on those images; the certificate demands at
+    most ``1.1/M``) and ``worst_confidence`` (NaN when there are none).
+    """
+    everything = torch.cat([data.train_x, data.test_x])
+    nearest, idx = ccu.nearest_training_point(
+        model.metric, noise.reshape(len(noise), -1), everything
+    )
+    radii = torch.as_tensor(radii).to(nearest)
+    ok = ccu.certified_mask(radii)
+    inside = (nearest <= radii) & ok
+    conf = _confidence(model, everything[idx[inside].cpu()]) if inside.any() else torch.empty(0)
+    margin = (nearest[ok] / radii[ok].clamp_min(1e-12)).min() if ok.any() else torch.tensor(np.nan)
+    return {
+        "inside": int(inside.sum()),
+        "min_margin": float(margin),
+        "confidence": conf,
+        "worst_confidence": float(conf.max()) if len(conf) else float("nan"),
+    }
+
+
+# ----------------------------------------------------------------------------- figure 2
+def worst_cases_of_run(adv, data: Dataset, prof: Profile, seed: int, rows: int = 4):
+    """Figure 2's rows (see :func:`ccu.plots.plot_worst_cases`) from
+    :func:`ccu.experiment.adversarial_noise`'s result: the first ``rows`` attacked (certified)
+    noise seeds."""
+    seeds = adv.seeds[adv.certified]
+    rows = min(rows, len(seeds))
+    return [
+        {
+            "label": f"seed {i}",
+            "seed": seeds[i],
+            "worst": {
+                m: (np.asarray(adv.worst_x[m])[i], float(np.asarray(adv.worst_score[m])[i]))
+                for m in adv.methods
+            },
+        }
+        for i in range(rows)
+    ]
+
+
+def worst_cases_of_reference(dataset: str, ref: dict, rows: int = 2):
+    """Figure 2's rows from a committed reference run (its ``figure2.npz``)."""
+    with np.load(ref["directory"] / "figure2.npz") as z:
+        names = [k[: -len("_worst_x")] for k in z.files if k.endswith("_worst_x")]
+        rows = min(rows, len(z["seed"]))
+        return [
+            {
+                "label": f"{dataset}\nseed {i}",
+                "seed": z["seed"][i],
+                "worst": {
+                    m: (z[f"{m}_worst_x"][i], float(z[f"{m}_worst_score"][i])) for m in names
+                },
+            }
+            for i in range(rows)
+        ]
+
+
+def reference_radii(ref: dict) -> np.ndarray:
+    """The certified radii of a committed reference run (``radii.csv``; NaN: not certified)."""
+    return np.loadtxt(ref["directory"] / "radii.csv", ndmin=1)
+
+
+# ----------------------------------------------------------------------------- normalisation
+@torch.no_grad()
+def normalisation_check(extent: float = 15.0, n: int = 601) -> dict:
+    """Integrate a 2-D Gaussian mixture on a grid: the library's density (normaliser with
+    ``(det C)^(-1/2)``) and the paper's printed one (``(det C)^(-d/2)``).
+
+    Returns ``ours`` and ``printed`` (the two total masses) and ``det_c``.
+    """
+    metric = ccu.Mahalanobis.from_covariance(torch.tensor([[3.0, 1.0], [1.0, 2.0]]))
+    means = torch.tensor([[0.0, 0.0], [2.0, 1.0]])
+    gmm = ccu.GaussianMixture(means, torch.zeros(2), torch.log(torch.ones(2) / 2), metric)
+    g = torch.linspace(-extent, extent, n)
+    xx, yy = torch.meshgrid(g, g, indexing="xy")
+    pts = torch.stack([xx.ravel(), yy.ravel()], 1)
+    ours = float(gmm.log_prob(pts).exp().sum()) * float(g[1] - g[0]) ** 2
+    d, log_det = 2, float(metric.log_det)
+    printed = ours * float(np.exp(0.5 * log_det - 0.5 * d * log_det))
+    return {"ours": ours, "printed": printed, "det_c": float(np.exp(log_det))}
+
+
+# ----------------------------------------------------------------------------- reference runs
+def reference_summary(dataset: str, ref: dict) -> str:
+    """One Markdown line about a committed reference run's adversarial-noise results."""
+    t1 = ref["table1"]
+    cfg = next(iter(ref["config"].values()))
+    return (
+        f"**{dataset}** (data sha256 `{cfg['data_checksum'][:12]}...`): median certified radius "
+        f"{t1['median_radius']:.1f}; images inside balls: {t1['images_inside_balls']}; CCU bound "
+        f"violations: {t1.get('ccu_bound_violations')}; certified AUC "
+        f"{100 * t1['certified_auc']:.2f}%; skipped for time: {t1.get('skipped_for_time') or 'none'}"
+    )
+
+
+def reference_ood_tables(refs: dict) -> list:
+    """Per committed reference run: its AUROC and AUPR-In tables, captioned, ours | paper."""
+    from ccu import report
+
+    out = []
+    for name, ref in refs.items():
+        caption = reference_caption(name, ref)
+        for metric, title in (("auroc", "AUROC (%)"), ("aupr_in", "AUPR-In (%)")):
+            table = report.ood_table(ref["metrics"], name, metric)
+            out.append(report.styled(table, f"{title}, {caption}"))
+    return out
+
+
+def reference_attack_tables(refs: dict) -> list:
+    """Per committed reference run: a Markdown summary, Table 1 and the P_Stats row."""
+    from IPython.display import Markdown
+
+    from ccu import report
+
+    out = []
+    for name, ref in refs.items():
+        caption, ccu_metrics = reference_caption(name, ref), ref["metrics"]["CCU"]
+        out.append(Markdown(reference_summary(name, ref)))
+        out.append(
+            report.styled(report.attack_table(ref["table1"], name), f"Table 1 (%), {caption}")
+        )
+        p_stats = report.p_stats_row(ccu_metrics, name, ccu_metrics["n_test"])
+        out.append(report.styled(p_stats, f"P_Stats, {caption}", 2))
+    return out

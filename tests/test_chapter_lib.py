@@ -1,0 +1,195 @@
+"""The computations behind the chapters' prose, figures and tables (ccu.chapter, plots, report)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from helpers import random_ccu  # noqa: E402
+
+import ccu  # noqa: E402
+from ccu import chapter, experiment, plots, report  # noqa: E402
+from ccu.methods import ordered  # noqa: E402
+
+BASE, CCU = "Base (ReLU network)", "CCU"
+
+
+def test_setup_chapter_validates_and_loads():
+    assert ccu.setup_chapter is chapter.setup_chapter
+    data, prof, settings, methods = chapter.setup_chapter(
+        "moons", "smoke", 0, "cpu", {"n_train": 100}, ["CCU", "Base"], verbose=False
+    )
+    assert len(data.train_x) == 100 and prof.n_train == 100 and prof.name == "smoke"
+    assert methods == ["Base", "CCU"]  # the paper's order
+    assert settings == ccu.train_settings("moons")
+    with pytest.raises(ValueError, match="unknown profile"):
+        chapter.setup_chapter("moons", "huge", verbose=False)
+    with pytest.raises(ValueError, match="unknown method 'XYZ'"):
+        chapter.setup_chapter("moons", "smoke", methods=["XYZ"], verbose=False)
+    with pytest.raises(ValueError, match="cannot override"):
+        chapter.setup_chapter("moons", "smoke", overrides={"nope": 1}, verbose=False)
+    with pytest.raises(ValueError, match="unknown dataset"):
+        chapter.setup_chapter("mnistt", "smoke", verbose=False)
+
+
+def test_far_field_reads_the_ring_of_the_maps():
+    extent, grid = 30.0, 61
+    axis = np.linspace(-extent, extent, grid)
+    xx, yy = np.meshgrid(axis, axis)
+    ring = np.maximum(np.abs(xx), np.abs(yy)) >= 10.0
+    base = np.where(ring, 0.9, 0.2)
+    base[0, 0] = 0.7  # the smallest Base confidence far out
+    cc = np.where(ring, 0.5, 0.99)
+    cc[-1, -1] = 0.55  # the largest CCU confidence far out
+    maps = {(BASE, extent): base, (CCU, extent): cc}
+    out = chapter.far_field(
+        lambda x: torch.tensor([0.8]), lambda x: torch.tensor([0.5]), maps, extent
+    )
+    assert out == {
+        "base_far_min": 0.7,
+        "ccu_far_max": 0.55,
+        "base_corner": pytest.approx(0.8),
+        "ccu_corner": 0.5,
+    }
+    with pytest.raises(ValueError):
+        chapter.far_field(None, None, {(BASE, 5.0): base, (CCU, 5.0): cc}, 5.0)
+
+
+def _box_model(seed=0, d=4):
+    """A random CCU on inputs in [0, 1]^d (its mixtures around the box)."""
+    return random_ccu(seed, d=d, num_classes=4, classifier="linear")
+
+
+def test_corollary1_check_finds_no_violation_and_reports_per_ball():
+    model = _box_model()
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.rand(6, 4, generator=gen, dtype=torch.float64)
+    radii = ccu.certified_radius(model, noise, level=1.1)
+    prof = ccu.get_profile("smoke", attack_steps=5, attack_restarts=1)
+    check = chapter.corollary1_check(model, noise, radii, prof, seed=0, n_samples=10)
+    assert check["violations"] == 0 and check["outside"] == 0
+    n = check["n_certified"]
+    assert n + check["n_uncertified"] == 6 and n == int(ccu.certified_mask(radii).sum())
+    assert check["attack"].shape == check["sampled"].shape == check["bound"].shape == (n,)
+    assert check["attack_max"] <= float(check["bound"].max()) + 1e-9
+
+
+def test_images_in_balls_counts_and_measures():
+    model = _box_model(1)
+
+    class Data:  # the two attributes images_in_balls reads
+        train_x = torch.rand(20, 4, dtype=torch.float64)
+        test_x = torch.rand(5, 4, dtype=torch.float64)
+
+    centres = Data.train_x[:3] + 1e-3
+    out = chapter.images_in_balls(model, centres, torch.full((3,), 1.0, dtype=torch.float64), Data)
+    assert out["inside"] == 3 and out["min_margin"] < 1.0
+    assert len(out["confidence"]) == 3 and np.isfinite(out["worst_confidence"])
+    far = chapter.images_in_balls(
+        model, centres + 1e6, torch.full((3,), 1.0, dtype=torch.float64), Data
+    )
+    assert far["inside"] == 0 and np.isnan(far["worst_confidence"])
+    # an uncertified centre (NaN radius) has no ball, so no image is inside it
+    nan = torch.tensor([float("nan"), 1.0, float("nan")], dtype=torch.float64)
+    out = chapter.images_in_balls(model, centres, nan, Data)
+    assert out["inside"] == 1
+
+
+def test_normalisation_check():
+    mass = chapter.normalisation_check()
+    assert mass["ours"] == pytest.approx(1.0, abs=1e-3)
+    assert mass["det_c"] == pytest.approx(5.0, rel=1e-5)  # det [[3, 1], [1, 2]]
+    assert abs(mass["printed"] - 1.0) > 0.1
+
+
+def test_figure2_rows_and_grid_from_the_reference_runs():
+    refs = report.reference_runs("cpu")
+    assert refs, "reference results are committed"
+    rows = [r for name, ref in refs.items() for r in chapter.worst_cases_of_reference(name, ref)]
+    assert len(rows) == 2 * len(refs)
+    methods = ordered({m for r in rows for m in r["worst"]})
+    assert "CCU" in methods and "Base" in methods
+    fig = plots.plot_worst_cases(rows)
+    axes = np.array(fig.axes).reshape(len(rows), len(methods) + 1)
+    assert axes[0, 0].get_title().startswith(rows[0]["label"].split("\n")[0])
+    ccu_col = methods.index("CCU") + 1
+    assert axes[0, ccu_col].get_title().startswith("CCU\nconf.")
+    # a method a run skipped leaves its panel empty
+    missing = [(i, m) for i, r in enumerate(rows) for m in methods if m not in r["worst"]]
+    for i, m in missing:
+        assert "not run" in axes[i, methods.index(m) + 1].get_title()
+    plt.close(fig)
+
+
+def test_figure2_rows_of_a_run():
+    prof = ccu.get_profile("smoke", n_seeds=5)
+
+    class Data:
+        spec = type("Spec", (), {"shape": (1, 4, 4)})
+
+    radii = np.array([1.0, np.nan, 1.0, 1.0, 1.0])  # seed 1 uncertified: not attacked
+    adv = experiment.AdversarialResult(
+        {"methods": {"Base": {}, "Maha": {}}},
+        np.random.default_rng(0).random((5, 1, 4, 4)),
+        radii,
+        radii * 0.11,
+        {"Base": np.zeros((4, 1, 4, 4)), "Maha": np.ones((4, 1, 4, 4))},
+        {"Base": np.log(np.full(4, 0.9)), "Maha": np.full(4, -12.5)},
+    )
+    rows = chapter.worst_cases_of_run(adv, Data, prof, seed=0, rows=3)
+    assert len(rows) == 3 and rows[0]["seed"].shape == (1, 4, 4)
+    assert np.array_equal(rows[1]["seed"], adv.seeds[2])  # the certified seeds, in order
+    assert rows[1]["worst"]["Base"][1] == pytest.approx(np.log(0.9))
+    assert plots.score_label("Base", np.log(0.9)) == "Base\nconf. 0.900"
+    assert plots.score_label("Maha", -12.5) == "Maha\nscore -12.5"
+
+
+def test_radius_histograms_count_uncertified_points():
+    fig = plots.plot_radius_histograms({"a": np.array([1.0, 2.0, np.nan]), "b": np.arange(5.0)})
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "2 certified, 1 not" in titles[0] and "5 certified, 0 not" in titles[1]
+    assert all("whitened units" in ax.get_xlabel() for ax in fig.axes)
+    plt.close(fig)
+
+
+def test_every_metric_table_and_styled_missing_values():
+    metrics = {
+        "CCU": {"ood": {"uniform": {"auroc": 0.99, "aupr_in": 0.98, "mean_max_confidence": 0.11}}},
+        "Base": {"ood": {"uniform": {"auroc": 0.5, "aupr_in": 0.6}, "skipped": {}}},
+    }
+    table = report.every_metric_table(metrics)
+    assert list(table.index) == [("Base", "Uniform"), ("CCU", "Uniform")]
+    assert table.loc[("CCU", "Uniform"), "auroc"] == pytest.approx(99.0)
+    assert np.isnan(table.loc[("Base", "Uniform"), "mean conf."])
+    html = report.styled(table, "caption naming the run").to_html()
+    assert report.MISSING in html and "caption naming the run" in html and "nan" not in html
+
+
+def test_training_table():
+    class Run:
+        def __init__(self, te, loaded):
+            self.metrics = {"test_error": te, "mean_max_confidence": 0.9}
+            self.config = {"train_seconds": 1.5} if not loaded else {}
+            self.loaded = loaded
+
+    table = report.training_table({"CCU": Run(0.1, True), "Base": Run(0.05, False)})
+    assert list(table.index) == ["Base", "CCU"]
+    assert table.loc["Base", "test error %"] == pytest.approx(5.0)
+    assert np.isnan(table.loc["CCU", "train seconds"])
+    assert isinstance(table, pd.DataFrame)
+
+
+def test_reference_tables_and_captions():
+    refs = report.reference_runs("cpu")
+    name, ref = next(iter(refs.items()))
+    cap = chapter.reference_caption(name, ref)
+    assert name in cap and "profile cpu" in cap and "commit" in cap
+    assert len(chapter.reference_ood_tables(refs)) == 2 * len(refs)
+    shown = chapter.reference_attack_tables(refs)
+    assert len(shown) == 3 * len(refs)
+    assert "median certified radius" in shown[0].data
+    assert "Table 1" in shown[1].to_html()

@@ -1,0 +1,311 @@
+"""Open every page of the built book in headless Chromium, with the network cut, and check it.
+
+For each HTML page of ``_build/html`` (the chapters and the other pages of ``_toc.yml``):
+
+* figures: as many numbered figures with a loaded, non-empty image as the chapter's source asks
+  for (``{glue:figure}`` and ``{figure}`` directives in its Markdown cells);
+* math: every MathJax-marked element rendered by MathJax, none with a MathJax error, and no raw
+  ``\\(``, ``\\[``, ``$`` or ``\\begin{`` left in the text outside code;
+* outputs: no progress-bar fragments (tqdm), no ``Traceback`` or ``Error`` in cell outputs;
+* nothing loaded from outside the book (the browser's network is cut: a dead proxy).
+
+It works on the DOM after scripts have run (``chromium --headless --dump-dom`` with a virtual-time
+budget): a copy of each page gets a probe script that waits for MathJax, measures the page and
+writes its findings as JSON into the DOM. A full-page screenshot of each page goes to
+``_build/screenshots/<page>.png``.
+
+Usage: ``python tools/check_book.py [--html _build/html] [--screenshots _build/screenshots]``.
+Exit status 1 lists every failed check; 2 says how to install Chromium when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE_ID = "ccu-book-probe"
+INSTALL_HINT = "apt-get update && apt-get install -y chromium"
+
+# Runs in the page: waits for MathJax (if the page loads it) and images, then reports as JSON.
+PROBE_JS = r"""
+(function () {
+  var reported = false;
+  function report(timedOut) {
+    if (reported) return;
+    reported = true;
+    var main = document.querySelector("main") || document.body;
+    var figures = [];
+    main.querySelectorAll("figure").forEach(function (f) {
+      var img = f.querySelector("img");
+      var r = img ? img.getBoundingClientRect() : null;
+      var cap = f.querySelector("figcaption");
+      figures.push({
+        id: f.id || (f.querySelector("[id]") || {}).id || "",
+        has_img: !!img,
+        natural: img ? [img.naturalWidth, img.naturalHeight] : [0, 0],
+        shown: r ? [Math.round(r.width), Math.round(r.height)] : [0, 0],
+        caption: cap ? cap.innerText.trim().slice(0, 120) : ""
+      });
+    });
+    var loose = main.querySelectorAll(".cell_output img").length;
+    var math = main.querySelectorAll(".math.notranslate");  // what Sphinx marked as math
+    var unrendered = 0;
+    math.forEach(function (m) {
+      if (!m.querySelector(".MathJax, .MathJax_Display, .MathJax_SVG, mjx-container")) unrendered++;
+    });
+    var rendered = main.querySelectorAll(".MathJax, .MathJax_SVG, mjx-container").length;
+    var mathErrors = main.querySelectorAll(".MathJax .merror, .MathJax_Error, mjx-merror").length;
+    var clone = main.cloneNode(true);
+    clone.querySelectorAll("pre, code, script, style, .MathJax_Preview").forEach(function (n) { n.remove(); });
+    var outputs = [];
+    main.querySelectorAll(".cell_output").forEach(function (o) { outputs.push(o.innerText); });
+    var external = performance.getEntriesByType("resource")
+      .map(function (e) { return e.name; })
+      .filter(function (u) { return !/^(file|data|blob|about):/.test(u); });
+    document.querySelectorAll("script[src], link[href]").forEach(function (n) {
+      var u = n.src || n.href;
+      if (u && /^https?:/.test(u)) external.push(u);
+    });
+    var out = document.createElement("pre");
+    out.id = "%(probe_id)s";
+    out.textContent = JSON.stringify({
+      title: document.title,
+      figures: figures,
+      output_images: loose,
+      math_elements: math.length,
+      math_unrendered: unrendered,
+      math_rendered: rendered,
+      math_errors: mathErrors,
+      mathjax_loaded: typeof window.MathJax !== "undefined" && !!window.MathJax.Hub,
+      text: clone.innerText,
+      outputs: outputs,
+      external: external,
+      timed_out: !!timedOut,
+      height: Math.max(document.documentElement.scrollHeight, document.body.scrollHeight)
+    });
+    document.body.appendChild(out);
+  }
+  function whenMathDone() {
+    if (window.MathJax && window.MathJax.Hub && window.MathJax.Hub.Queue) {
+      window.MathJax.Hub.Queue(function () { setTimeout(function () { report(false); }, 200); });
+    } else {
+      setTimeout(function () { report(false); }, 500);
+    }
+  }
+  window.addEventListener("load", function () { setTimeout(whenMathDone, 300); });
+  setTimeout(function () { report(true); }, 15000);  // MathJax never finished: say so
+})();
+""".replace("%(probe_id)s", PROBE_ID)
+
+TQDM = re.compile(r"\d+%\|[^\n]*\||\d+(\.\d+)?(it/s|s/it)\]|\|\s*\d+/\d+ \[")
+ERROR = re.compile(r"Traceback|\b\w*Error\b")
+# a "$" left in the text is a dollar-math delimiter MyST did not pair: broken math
+RAW_MATH = ("\\(", "\\)", "\\[", "\\]", "$", "\\begin{")
+
+
+def find_chromium() -> str | None:
+    """The Chromium binary (``CHROMIUM`` overrides the search)."""
+    if os.environ.get("CHROMIUM"):
+        return os.environ["CHROMIUM"]
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def chromium_args(binary: str) -> list[str]:
+    args = [
+        binary,
+        "--headless",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--allow-file-access-from-files",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        # the network is cut: every http(s) request goes to a closed local port and fails
+        # (file:// pages need none); host-resolver rules instead stall Chromium's virtual time
+        "--proxy-server=http://127.0.0.1:9",
+    ]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        args.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox
+    return args
+
+
+def run_chromium(args: list[str], timeout: float = 120.0) -> str:
+    env = dict(os.environ, HOME=os.environ.get("HOME", "/tmp"))
+    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    if res.returncode != 0:
+        raise RuntimeError(f"chromium failed ({res.returncode}): {res.stderr[-2000:]}")
+    return res.stdout
+
+
+def probe_page(binary: str, page: Path, budget_ms: int = 20000) -> dict:
+    """The probe's JSON for ``page`` (a copy with the probe script is opened next to it)."""
+    page = page.resolve()
+    html = page.read_text(encoding="utf-8")
+    if "</body>" not in html:
+        raise ValueError(f"{page}: no </body>")
+    copy = page.with_name(f"ccu-probe-{page.name}")
+    copy.write_text(html.replace("</body>", f"<script>{PROBE_JS}</script></body>", 1), "utf-8")
+    try:
+        dom = run_chromium(
+            chromium_args(binary)
+            + [f"--virtual-time-budget={budget_ms}", "--dump-dom", copy.as_uri()]
+        )
+    finally:
+        copy.unlink(missing_ok=True)
+    m = re.search(rf'<pre id="{PROBE_ID}"[^>]*>(.*?)</pre>', dom, re.S)
+    if not m:
+        raise RuntimeError(f"{page}: the probe did not report (page scripts did not finish)")
+    import html as html_lib
+
+    return json.loads(html_lib.unescape(m.group(1)))
+
+
+def screenshot(binary: str, page: Path, out: Path, height: int, width: int = 1280) -> None:
+    page, out = page.resolve(), out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    height = max(600, min(int(height), 30000))
+    run_chromium(
+        chromium_args(binary)
+        + [
+            "--virtual-time-budget=20000",
+            f"--window-size={width},{height}",
+            f"--screenshot={out}",
+            page.as_uri(),
+        ]
+    )
+    if not out.is_file() or out.stat().st_size == 0:
+        raise RuntimeError(f"no screenshot written for {page}")
+
+
+def expected_figures(source: Path) -> int:
+    """Figures a chapter's source asks for: ``{glue:figure}`` and ``{figure}`` directives."""
+    if source.suffix == ".ipynb":
+        nb = json.loads(source.read_text(encoding="utf-8"))
+        text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    else:
+        text = source.read_text(encoding="utf-8")
+    return len(re.findall(r"^\s*(```+|:::+)\{(glue:figure|figure)\}", text, re.M))
+
+
+def check_page(found: dict, n_figures: int) -> list[str]:
+    """The failed checks of one page (an empty list: the page is fine)."""
+    errors = []
+    good = [
+        f
+        for f in found["figures"]
+        if f["has_img"] and min(f["natural"]) > 0 and min(f["shown"]) > 0
+    ]
+    if len(found["figures"]) != n_figures or len(good) != n_figures:
+        errors.append(
+            f"{n_figures} figures expected, found {len(found['figures'])} of which "
+            f"{len(good)} show a non-empty image: {found['figures']}"
+        )
+    if found["output_images"]:
+        errors.append(f"{found['output_images']} images in cell outputs outside numbered figures")
+    if found["math_elements"]:
+        if not found["mathjax_loaded"]:
+            errors.append("the page has math but MathJax did not load")
+        if found["math_unrendered"]:
+            errors.append(
+                f"{found['math_unrendered']} of {found['math_elements']} math elements "
+                "not rendered by MathJax"
+            )
+    if found["timed_out"]:
+        errors.append("MathJax did not finish typesetting within the time budget")
+    if found["math_errors"]:
+        errors.append(f"{found['math_errors']} MathJax errors")
+    raw = [s for s in RAW_MATH if s in found["text"]]
+    if raw:
+        i = min(found["text"].find(s) for s in raw)
+        errors.append(f"raw LaTeX {raw} in the text: ...{found['text'][max(0, i - 60) : i + 60]!r}")
+    for text in found["outputs"]:
+        if TQDM.search(text):
+            errors.append(f"progress-bar text in an output: {TQDM.search(text).group(0)!r}")
+        if ERROR.search(text):
+            i = ERROR.search(text).start()
+            errors.append(f"error in an output: {text[max(0, i - 80) : i + 80]!r}")
+    if found["external"]:
+        errors.append(f"resources from outside the book: {sorted(set(found['external']))[:5]}")
+    return errors
+
+
+def pages_of_book(html: Path) -> dict[Path, Path]:
+    """Built page -> its source, for every page of ``_toc.yml``."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [c["file"] for c in part.get("chapters", [])]
+    pages = {}
+    for f in files:
+        src = next(
+            (ROOT / f"{f}{ext}" for ext in (".ipynb", ".md") if (ROOT / f"{f}{ext}").is_file()),
+            None,
+        )
+        if src is None:
+            raise FileNotFoundError(f"no source for {f} in _toc.yml")
+        pages[html / f"{f}.html"] = src
+    return pages
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--html", type=Path, default=ROOT / "_build" / "html")
+    ap.add_argument("--screenshots", type=Path, default=ROOT / "_build" / "screenshots")
+    ap.add_argument("--report", type=Path, default=None, help="write the findings as JSON")
+    args = ap.parse_args(argv)
+    binary = find_chromium()
+    if binary is None:
+        print(f"[check_book] Chromium not found; install it with: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    failures, summary = {}, {}
+    for page, source in pages_of_book(args.html).items():
+        name = page.relative_to(args.html).with_suffix("").as_posix()
+        if not page.is_file():
+            failures[name] = [f"{page} was not built"]
+            continue
+        found = probe_page(binary, page)
+        n_fig = expected_figures(source)
+        errors = check_page(found, n_fig)
+        shot = args.screenshots / f"{name.replace('/', '_')}.png"
+        screenshot(binary, page, shot, found["height"])
+        summary[name] = {
+            "figures": len(found["figures"]),
+            "expected_figures": n_fig,
+            "math_rendered": found["math_rendered"],
+            "screenshot": str(shot),
+            "errors": errors,
+        }
+        status = "ok" if not errors else "FAILED"
+        print(
+            f"[check_book] {name}: {len(found['figures'])}/{n_fig} figures, "
+            f"{found['math_elements']} math elements ({found['math_unrendered']} unrendered), "
+            f"screenshot {shot.relative_to(ROOT) if shot.is_relative_to(ROOT) else shot}: {status}"
+        )
+        if errors:
+            failures[name] = errors
+    if args.report:
+        args.report.write_text(json.dumps(summary, indent=2))
+    for name, errors in failures.items():
+        for e in errors:
+            print(f"[check_book] {name}: {e}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
