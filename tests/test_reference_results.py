@@ -51,3 +51,18 @@ def t1_version(ref):
 def test_reference_runs_come_from_this_library_version():
     for dataset, ref in REFS.items():
         assert t1_version(ref) == ccu.__version__, f"{dataset}: rerun tools/reference_run.py"
+
+
+def test_the_density_comparison_reference():
+    refs = report.reference_runs("densities/cpu")
+    assert "mnist-offline" in refs
+    for ref in refs.values():
+        t1 = ref["table1"]
+        certifying = [m for m, row in t1["methods"].items() if "certificate" in row]
+        assert {"CCU", "CCU-diag"} <= set(certifying)
+        for m in certifying:
+            cert = t1["methods"][m]["certificate"]
+            assert cert["bound_violations"] == 0 and cert["points_outside_balls"] == 0
+            assert ref["config"][m]["density_family"] == ("gmm" if m == "CCU" else m[4:])
+        table = report.density_comparison(ref["metrics"], t1, ref["config"])
+        assert list(table.index) == certifying
