@@ -82,7 +82,9 @@ def test_ood_chapter_on_real_mnist(tmp_path, monkeypatch):
     glued = _glued(nb)
     assert float(glued["ood_ccu_uniform"]) > 90.0
     cfg = json.loads(
-        (tmp_path / "results" / "smoke" / "mnist-offline" / "CCU" / "config.json").read_text()
+        (
+            tmp_path / "results" / "smoke" / "mnist-offline" / "seed0" / "CCU" / "config.json"
+        ).read_text()
     )
     assert cfg["profile"]["epochs"] == 4 and cfg["dataset"] == "mnist-offline"
     assert (tmp_path / "results" / "smoke" / "mnist-offline" / "CCU" / "metrics.json").exists()
