@@ -124,7 +124,11 @@ def decode_jpegs(blobs: list[bytes], size: int | None = None, what: str = "") ->
         return torch.empty(0, 3, size or 0, size or 0, dtype=torch.uint8)
     tensors = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
     try:
-        images = decode_jpeg(tensors, mode=ImageReadMode.RGB)
+        with warnings.catch_warnings():
+            # torchvision 0.29 marks its image codecs deprecated (in favour of torchcodec); the
+            # pinned version decodes correctly, and the cache key holds the version.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
+            images = decode_jpeg(tensors, mode=ImageReadMode.RGB)
         x = torch.stack(images)
     except RuntimeError as exc:
         raise CorruptDataError(f"{what}: a JPEG file could not be decoded ({exc}).") from exc

@@ -63,13 +63,26 @@ def chw_float(x_uint8: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(x_uint8).to(torch.float32).div_(255.0)
 
 
+def without_images_of(x: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, int]:
+    """``x`` without the images that also occur (byte for byte) in ``test``; how many went."""
+    seen = {row.tobytes() for row in test}
+    keep = np.array([row.tobytes() not in seen for row in x], dtype=bool)
+    return x[keep], int((~keep).sum())
+
+
 def tiny_imagenet_out(shape: tuple[int, ...], root=None) -> OutSet:
     """Tiny ImageNet training (30,000) and validation (10,000) images at 32x32, grey-scaled and
-    resized when ``shape`` is grey (disjoint from the ``imagenet-`` OOD set: Tiny ImageNet test)."""
+    resized when ``shape`` is grey. Images that also occur in the Tiny ImageNet test set (the
+    ``imagenet-`` OOD set) are dropped, so no image is both trained against and tested on."""
     from ccu.data.archives import TINY_IMAGENET_FILES, tiny_imagenet
     from ccu.data.ood import grey_resized
+    from ccu.data.sources import mirror_available
 
-    x = chw_float(np.concatenate([tiny_imagenet("train150", root), tiny_imagenet("val", root)]))
+    raw = np.concatenate([tiny_imagenet("train150", root), tiny_imagenet("val", root)])
+    dropped = 0
+    if mirror_available(TINY_IMAGENET_FILES["test"], root):
+        raw, dropped = without_images_of(raw, tiny_imagenet("test", root))
+    x = chw_float(raw)
     what = "colour 32x32"
     if shape[0] == 1:
         x, what = grey_resized(x, shape[-1]), f"grey {shape[-1]}x{shape[-1]}"
@@ -77,7 +90,7 @@ def tiny_imagenet_out(shape: tuple[int, ...], root=None) -> OutSet:
     return OutSet(
         x,
         f"{len(x):,} Tiny ImageNet training and validation images ({what}; stand-in for 80M "
-        "Tiny Images, disjoint from the Imagenet- test set)",
+        f"Tiny Images; {dropped} duplicate(s) of Imagenet- test images removed)",
         f"offline mirror {files}",
     )
 
@@ -161,12 +174,14 @@ def _locate(filename: str, path, root, what: str) -> Path:
     return p
 
 
-def fetch_300k(root=None, url: str = RANDOM_300K_URL, md5sum: str = RANDOM_300K_MD5) -> Path:
+def fetch_300k(root=None, url: str | None = None, md5sum: str | None = None) -> Path:
     """Outlier Exposure's "300K random images" in the data root, downloaded (921.6 MB,
-    md5-checked, resumable) when it is not there yet."""
+    md5-checked, resumable) when it is not there yet (``url``/``md5sum`` default to
+    :data:`RANDOM_300K_URL` / :data:`RANDOM_300K_MD5`)."""
     from ccu.data.download import download
 
-    return download(url, data_root(root) / RANDOM_300K_FILE, md5sum)
+    dest = data_root(root) / RANDOM_300K_FILE
+    return download(url or RANDOM_300K_URL, dest, md5sum or RANDOM_300K_MD5)
 
 
 def _sample_indices(total: int, n: int, seed: int, exclude) -> np.ndarray:

@@ -223,6 +223,15 @@ def stage_idx_mirror(name: str, root=None) -> Path | None:
     return raw
 
 
+def _not_found(name, cls_name, split, root, expected, how, exc) -> DataNotFoundError:
+    return DataNotFoundError(
+        f"{cls_name} ({split}) is not in {root} and {how}: {exc}\n"
+        f"Expected files: {root}/{expected}. Download them on a machine with internet "
+        f"(python -c \"import ccu.data as d; d.load_dataset('{name}')\") and copy the "
+        f"folder, or set CCU_DATA_ROOT to where they are."
+    )
+
+
 def torchvision_dataset(name: str, split: str, root=None, download: bool = True):
     """A torchvision dataset as arrays, and where it came from.
 
@@ -243,30 +252,25 @@ def torchvision_dataset(name: str, split: str, root=None, download: bool = True)
     root = data_root(root)
     cls = getattr(torchvision.datasets, cls_name)
     staged = stage_idx_mirror(name, root) if name in IDX_MIRRORS else None
+    present = torchvision_present(name, root)
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # a black-holed network fails, never hangs
     try:
+        ds, had_files = cls(str(root), download=False, **kwargs), True
+    except (AssertionError, EOFError, RuntimeError, OSError, ValueError) as exc:
+        if present:  # the files are there but torchvision cannot parse them
+            raise CorruptDataError(
+                f"{cls_name} files in {root}/{expected} are truncated or corrupt ({exc!r}); "
+                "delete them and load again."
+            ) from exc
+        if not download:
+            how = "download=False was given"
+            raise _not_found(name, cls_name, split, root, expected, how, exc) from exc
         try:
-            ds, had_files = cls(str(root), download=False, **kwargs), True
-        except (RuntimeError, OSError, ValueError):  # not there (yet)
-            if not download:
-                raise
             ds, had_files = cls(str(root), download=True, **kwargs), False
-    except (AssertionError, EOFError) as exc:  # torchvision's IDX parser asserts on bad files
-        raise CorruptDataError(
-            f"{cls_name} files in {root}/{expected} are truncated or corrupt ({exc!r}); delete "
-            "them and load again."
-        ) from exc
-    except (RuntimeError, OSError, ValueError) as exc:
-        how = (
-            "it could not be downloaded (no internet?)" if download else "download=False was given"
-        )
-        raise DataNotFoundError(
-            f"{cls_name} ({split}) is not in {root} and {how}: {exc}\n"
-            f"Expected files: {root}/{expected}. Download them on a machine with internet "
-            f"(python -c \"import ccu.data as d; d.load_dataset('{name}')\") and copy the "
-            f"folder, or set CCU_DATA_ROOT to where they are."
-        ) from exc
+        except (RuntimeError, OSError, ValueError) as exc2:
+            how = "it could not be downloaded (no internet?)"
+            raise _not_found(name, cls_name, split, root, expected, how, exc2) from exc2
     finally:
         socket.setdefaulttimeout(previous)
     note = staged / _SOURCE_NOTE if staged is not None else None
