@@ -301,6 +301,7 @@ def _npy_bytes(n=24):
     return images, buf.getvalue()
 
 
+@needs["mnist"]
 def test_300k_download_verifies_resumes_and_feeds_load_dataset(tmp_path, monkeypatch):
     images, payload = _npy_bytes()
     md5 = hashlib.md5(payload).hexdigest()
@@ -308,17 +309,18 @@ def test_300k_download_verifies_resumes_and_feeds_load_dataset(tmp_path, monkeyp
     try:
         monkeypatch.setattr(outdist, "RANDOM_300K_URL", server.url)
         monkeypatch.setattr(outdist, "RANDOM_300K_MD5", md5)
-        # an interrupted earlier attempt left the first half: only the rest is fetched
+        # an interrupted earlier attempt left the first 1,000 bytes: only the rest is fetched
         part = tmp_path / (outdist.RANDOM_300K_FILE + ".partial")
         part.write_bytes(payload[:1000])
-        d = D.load_dataset("digits", seed=0).spec  # any record; the reader is what is tested
-        got = outdist.random_300k(10, 0, root=tmp_path)
+        d = D.load_dataset("mnist-offline", out="300k", n_out=10, root=tmp_path)
         assert server.requests == ["bytes=1000-"] and not part.exists()
         assert (tmp_path / outdist.RANDOM_300K_FILE).read_bytes() == payload
-        assert all((images == g).all(axis=(1, 2, 3)).any() for g in got)
+        assert d.out_x.shape == (10, 1, 28, 28) and "300K random images" in d.out_description
+        assert d.info["out"] == "300k" and d.info["n_out"] == 10
+        got = outdist.random_300k(10, 0, root=tmp_path)
         again = outdist.random_300k(10, 0, root=tmp_path)  # no second download
         assert len(server.requests) == 1 and np.array_equal(got, again)
-        assert d.name == "digits"
+        assert all((images == g).all(axis=(1, 2, 3)).any() for g in got)
     finally:
         server.close()
 
