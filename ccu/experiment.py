@@ -188,7 +188,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         scores[f"{name}_confidence"] = res["confidence"].numpy()
         metrics["ood"][name] = ev.ood_metrics(scores["test"], scores[name])
         metrics["ood"][name]["mean_max_confidence"] = float(res["confidence"].mean())
-        metrics["ood"][name].update(n=len(x), **source)
+        metrics.setdefault("ood_sources", {})[name] = dict(source, n=len(x))
     return scores, metrics
 
 

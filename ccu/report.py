@@ -61,7 +61,8 @@ def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> 
                     "table_acet2_ood_auc", "in_dataset", dataset, PAPER_OOD.get(ood)
                 )
             # the column says when a set stands in for the paper's or was not available
-            label = m.get("label", PAPER_OOD.get(ood, ood))
+            sources = metrics[method].get("ood_sources", {})
+            label = sources.get(ood, {}).get("label", PAPER_OOD.get(ood, ood))
             if "skipped" in m:
                 label = f"{label} (not available)"
             rows.append(

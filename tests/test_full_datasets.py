@@ -375,10 +375,11 @@ def test_ood_table_labels_stand_ins_and_missing_columns():
     metrics = {
         "CCU": {
             "ood": {
-                "imagenet-": {"auroc": 0.9, "label": "Imagenet- (Tiny ImageNet test)"},
+                "imagenet-": {"auroc": 0.9},
                 "svhn": {"skipped": "SVHN (test) is not in data"},
                 "uniform": {"auroc": 1.0},
-            }
+            },
+            "ood_sources": {"imagenet-": {"label": "Imagenet- (Tiny ImageNet test)"}},
         }
     }
     with warnings.catch_warnings():
