@@ -1,4 +1,4 @@
-"""Profiles (the size of every run) and per-dataset settings.
+"""Profiles (the size of every run) and the optimiser settings a dataset record holds.
 
 * ``smoke``: seconds per chapter on 2 CPU cores, offline data only (CI, nbval).
 * ``cpu``: a real but reduced run on the CPU (minutes).
@@ -84,23 +84,9 @@ class TrainSettings:
     n_covariance: int | None = None  # augmented samples for the metric (None: training-set size)
 
 
-#: Per-dataset settings. Toy problems use a larger GMM learning rate: with 2 or 64 dimensions
-#: and a few hundred steps, 1e-5 would leave the mixtures where EM put them.
-DATASET_SETTINGS: dict[str, TrainSettings] = {
-    "moons": TrainSettings(lr=1e-2, gmm_lr=1e-2, weight_decay=0.0, batch_size=64, augment=False),
-    "digits": TrainSettings(lr=1e-2, gmm_lr=1e-5, batch_size=128, augment=False),
-    "mnist": TrainSettings(classifier="lenet", n_covariance=60_000),
-    "fmnist": TrainSettings(optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=60_000),
-    "mnist-offline": TrainSettings(classifier="lenet", n_covariance=20_000),
-    "svhn": TrainSettings(optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=50_000),
-    "cifar10": TrainSettings(optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=50_000),
-    "cifar100": TrainSettings(optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=50_000),
-    "cifar10-offline": TrainSettings(
-        optimizer="sgd", lr=0.1, classifier="resnet18", n_covariance=20_000
-    ),
-}
-
-
 def train_settings(dataset: str) -> TrainSettings:
-    """Settings for ``dataset`` (the paper's defaults where the dataset has none of its own)."""
-    return DATASET_SETTINGS.get(dataset, TrainSettings())
+    """The optimiser settings of ``dataset``: part of its registry record
+    (``ccu.data.get_spec(dataset).settings``); unknown names list the known ones."""
+    from ccu.data.registry import get_spec  # here: the registry imports this module
+
+    return get_spec(dataset).settings

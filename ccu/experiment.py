@@ -53,6 +53,8 @@ def _config(dataset: str, method: str, profile, settings, seed: int, data: Datas
         "ccu_version": ccu.__version__,
         "torch_version": torch.__version__,
         "data_checksum": data.checksum(),
+        "dataset_description": data.spec.description,
+        "data_sources": data.info,  # in-data files, out-distribution files and count
         "out_distribution": data.out_description,
         "ood_sets": list(data.spec.ood_sets),
     }
@@ -143,7 +145,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
     }
     for name in data.spec.ood_sets:
         try:
-            x = load_ood(name, data, seed=ood_seed)
+            x, source = load_ood(name, data, seed=ood_seed, with_source=True)
         except ccu.data.DataNotFoundError as exc:
             metrics["ood"][name] = {"skipped": str(exc).splitlines()[0]}
             continue
@@ -154,6 +156,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         scores[f"{name}_confidence"] = res["confidence"].numpy()
         metrics["ood"][name] = ev.ood_metrics(scores["test"], scores[name])
         metrics["ood"][name]["mean_max_confidence"] = float(res["confidence"].mean())
+        metrics.setdefault("ood_sources", {})[name] = dict(source, n=len(x))
     return scores, metrics
 
 

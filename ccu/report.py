@@ -13,31 +13,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ccu.data import OOD_SETS, REGISTRY
 from ccu.methods import ordered
 
-#: registry names -> the paper's dataset names
-PAPER_DATASET = {
-    "mnist": "MNIST",
-    "mnist-offline": "MNIST",
-    "fmnist": "FMNIST",
-    "svhn": "SVHN",
-    "cifar10": "CIFAR10",
-    "cifar10-offline": "CIFAR10",
-    "cifar100": "CIFAR100",
-}
-PAPER_OOD = {
-    "uniform": "Uniform",
-    "noise": "Noise",
-    "grcifar10": "GrCIFAR10",
-    "mnist": "MNIST",
-    "fmnist": "FMNIST",
-    "emnist": "EMNIST",
-    "svhn": "SVHN",
-    "cifar10": "CIFAR10",
-    "cifar100": "CIFAR100",
-    "lsun_cr": "LSUN_CR",
-    "imagenet-": "Imagenet-",
-}
+#: registry names -> the paper's dataset names, and OOD set names -> the paper's column names
+#: (both read from the dataset and OOD-set records of :mod:`ccu.data`)
+PAPER_DATASET = {n: s.paper_name for n, s in REGISTRY.items() if s.paper_name is not None}
+PAPER_OOD = {n: s.paper_name for n, s in OOD_SETS.items()}
 REFERENCE_RESULTS = Path(__file__).resolve().parents[1] / "reference-results"
 
 
@@ -60,14 +42,17 @@ def _acet2_paper(table: str, key_col: str, dataset: str, key: str) -> float:
 def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> pd.DataFrame:
     """Table 2 (``auroc``) or the AUPR table (``aupr_in``) rows for ``dataset``.
 
-    ``metrics`` maps a method to its ``metrics.json``. Columns: (method, ours | paper).
+    ``metrics`` maps a method to its ``metrics.json``. Columns: (method, ours | paper). Rows are
+    the dataset's OOD sets; one that could not be loaded (e.g. a download-only set offline) has
+    "(not available)" in its name and no value of ours, and a set that stands in for the
+    paper's says so (e.g. "Imagenet- (Tiny ImageNet test)").
     """
     paper = paper_table("table2_ood_auc" if metric == "auroc" else "table_aupr")
     paper = paper[paper.in_dataset == PAPER_DATASET.get(dataset, "")]
     rows = []
     for method in ordered(metrics):
         for ood, m in metrics[method]["ood"].items():
-            if metric not in m:
+            if metric not in m and "skipped" not in m:
                 continue
             p = paper[(paper.ood_dataset == PAPER_OOD.get(ood)) & (paper.method == method)]
             value = float(p.value.iloc[0]) if len(p) else np.nan
@@ -75,11 +60,16 @@ def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> 
                 value = _acet2_paper(
                     "table_acet2_ood_auc", "in_dataset", dataset, PAPER_OOD.get(ood)
                 )
+            # the column says when a set stands in for the paper's or was not available
+            sources = metrics[method].get("ood_sources", {})
+            label = sources.get(ood, {}).get("label", PAPER_OOD.get(ood, ood))
+            if "skipped" in m:
+                label = f"{label} (not available)"
             rows.append(
                 {
-                    "OOD set": PAPER_OOD.get(ood, ood),
+                    "OOD set": label,
                     "method": method,
-                    "ours": 100 * m[metric],
+                    "ours": 100 * m[metric] if metric in m else np.nan,
                     "paper": value,
                 }
             )

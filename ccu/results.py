@@ -49,7 +49,16 @@ from filelock import FileLock, Timeout
 RESULTS_ROOT = Path(os.environ.get("CCU_RESULTS", Path(__file__).resolve().parents[1] / "results"))
 
 #: the config fields that decide whether a saved run is the run asked for
-CONFIG_KEYS = ("dataset", "method", "profile", "settings", "seed", "data_checksum", "ccu_version")
+CONFIG_KEYS = (
+    "dataset",
+    "method",
+    "profile",
+    "settings",
+    "seed",
+    "data_checksum",
+    "out_distribution",
+    "ccu_version",
+)
 
 
 class CorruptResultError(ValueError):

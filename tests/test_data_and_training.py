@@ -23,7 +23,7 @@ def test_offline_datasets_load_deterministically(name):
 
 def test_unknown_dataset_lists_known_ones():
     with pytest.raises(
-        ValueError, match="known datasets: cifar10, cifar10-offline, cifar100, digits"
+        ValueError, match="known datasets: cifar10, cifar10-jpeg, cifar10-offline, cifar100, digits"
     ):
         load_dataset("mnistt")
 

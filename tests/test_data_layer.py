@@ -61,7 +61,9 @@ def test_torchvision_mnist_reader_offline(tmp_path):
     np.testing.assert_array_equal(y, labels.numpy())
 
 
-def test_missing_torchvision_data_says_what_to_do(tmp_path):
+def test_missing_torchvision_data_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "REPO_ROOT", tmp_path / "repo")  # no mirror to unpack
+    monkeypatch.delenv("CCU_OFFLINE_DATA", raising=False)
     with pytest.raises(D.DataNotFoundError, match="Expected files") as err:
         sources.torchvision_arrays("fmnist", "train", root=tmp_path, download=False)
     assert str(tmp_path) in str(err.value)

@@ -64,7 +64,8 @@ class PairedLoader:
         for idx_in, idx_out in paired_batches(len(d.train_x), n_out, self.batch_size, self.gen):
             x = d.train_x[idx_in]
             if self.augment:
-                x = augment_batch(x, d.name, int(torch.randint(2**31, (1,), generator=self.gen)))
+                seed = int(torch.randint(2**31, (1,), generator=self.gen))
+                x = augment_batch(x, d.spec.augmentation, seed)
             z = d.out_x[idx_out] if n_out else d.out_x[:0]
             yield x.to(self.device), d.train_y[idx_in].to(self.device), z.to(self.device)
 

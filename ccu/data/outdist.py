@@ -1,12 +1,21 @@
-"""Training out-distributions from user-provided files: 80M Tiny Images and "300K random images".
+"""Training out-distributions: natural images from the offline mirrors, 80M Tiny Images, 300K.
 
-The paper trains against 80 Million Tiny Images, which its authors have withdrawn. Users who have
-a copy (or Outlier Exposure's "300K random images" file) put it in the data root:
+The paper trains against 80 Million Tiny Images, which its authors have withdrawn. Stand-ins:
 
-* ``tiny_images.bin``: 79,302,017 images of 32x32x3 uint8, 3,072 bytes each, every image stored
-  in Fortran (column-major) order of its (32, 32, 3) array. Read through a memory map: only the
-  sampled images are touched.
-* ``300K_random_images.npy``: a NumPy array (300000, 32, 32, 3) uint8.
+* offline default for 32x32 colour data (:func:`tiny_imagenet_out`): the Tiny ImageNet training
+  (30,000) and validation (10,000) images of the mirror resized to 32x32. The Tiny ImageNet *test*
+  images are the ``imagenet-`` OOD test set, so the two never share an image.
+* offline default for 28x28 grey data (:func:`grey_natural_out`): CIFAR-10 training images
+  grey-scaled to 28x28: torchvision's original files when they are in the data root, else the
+  JPEG copy of the mirror, else Tiny ImageNet; the GrCIFAR10 OOD test set is CIFAR-10 *test*.
+* ``tiny_images.bin`` (a copy of 80M Tiny Images you provide): 79,302,017 images of 32x32x3
+  uint8, 3,072 bytes each, every image stored in Fortran (column-major) order of its (32, 32, 3)
+  array. Read through a memory map: only the sampled images are touched.
+* ``300K_random_images.npy`` (Outlier Exposure's file, uint8 (300000, 32, 32, 3)): downloaded
+  into the data root on first use (md5-checked, resumable), or put there by hand.
+
+Every function returns an :class:`OutSet` whose description names the source and the count; the
+run records both.
 
 Images that are also OOD *test* images of a run must not be trained on: both readers take
 ``exclude`` (indices to skip), e.g. the CIFAR indices inside Tiny Images that the Outlier
@@ -15,6 +24,8 @@ Exposure authors list. The 300K file was already filtered of CIFAR classes by it
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +36,131 @@ from ccu.data.sources import CorruptDataError, DataNotFoundError, data_root
 TINY_IMAGES_FILE = "tiny_images.bin"
 TINY_IMAGES_COUNT = 79_302_017
 RANDOM_300K_FILE = "300K_random_images.npy"
+#: Outlier Exposure's file; the md5 is the one pytorch-ood checks for it (TinyImages300k).
+RANDOM_300K_URL = "https://people.eecs.berkeley.edu/~hendrycks/300K_random_images.npy"
+RANDOM_300K_MD5 = "64ca64357de98351f28454274a112dc3"
 _IMAGE_BYTES = 32 * 32 * 3
+
+
+@dataclass
+class OutSet:
+    """A training out-distribution: float32 images in [0, 1], what they are, where from."""
+
+    x: torch.Tensor
+    description: str  # one line for captions and run configs, with the count
+    source: str  # the files (or generator) it came from
+
+    def subset(self, n: int | None, seed: int) -> OutSet:
+        """``n`` seeded random images of this set (all of them when ``n`` is None)."""
+        if n is None or n >= len(self.x):
+            return self
+        idx = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(seed))[:n]
+        return OutSet(self.x[idx.sort().values], f"{n:,} of {self.description}", self.source)
+
+
+def chw_float(x_uint8: np.ndarray) -> torch.Tensor:
+    """uint8 (N, C, H, W) to float32 in [0, 1]."""
+    return torch.from_numpy(x_uint8).to(torch.float32).div_(255.0)
+
+
+def without_images_of(x: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, int]:
+    """``x`` without the images that also occur (byte for byte) in ``test``; how many went."""
+    seen = {row.tobytes() for row in test}
+    keep = np.array([row.tobytes() not in seen for row in x], dtype=bool)
+    return x[keep], int((~keep).sum())
+
+
+def tiny_imagenet_out(shape: tuple[int, ...], root=None) -> OutSet:
+    """Tiny ImageNet training (30,000) and validation (10,000) images at 32x32, grey-scaled and
+    resized when ``shape`` is grey. Images that also occur in the Tiny ImageNet test set (the
+    ``imagenet-`` OOD set) are dropped, so no image is both trained against and tested on."""
+    from ccu.data.archives import TINY_IMAGENET_FILES, tiny_imagenet
+    from ccu.data.ood import grey_resized
+    from ccu.data.sources import mirror_available
+
+    raw = np.concatenate([tiny_imagenet("train150", root), tiny_imagenet("val", root)])
+    dropped = 0
+    if mirror_available(TINY_IMAGENET_FILES["test"], root):
+        raw, dropped = without_images_of(raw, tiny_imagenet("test", root))
+    x = chw_float(raw)
+    what = "colour 32x32"
+    if shape[0] == 1:
+        x, what = grey_resized(x, shape[-1]), f"grey {shape[-1]}x{shape[-1]}"
+    files = ", ".join(TINY_IMAGENET_FILES[p] for p in ("train150", "val"))
+    return OutSet(
+        x,
+        f"{len(x):,} Tiny ImageNet training and validation images ({what}; stand-in for 80M "
+        f"Tiny Images; {dropped} duplicate(s) of Imagenet- test images removed)",
+        f"offline mirror {files}",
+    )
+
+
+def cifar10_train_images(root=None) -> tuple[torch.Tensor, str]:
+    """CIFAR-10's 50,000 training images, float32 (N, 3, 32, 32), and their source: torchvision's
+    original files if they are in the data root, else the mirror's JPEG copy (never downloads)."""
+    from ccu.data.archives import CIFAR10_JPEG_FILE, cifar10_jpeg
+    from ccu.data.sources import torchvision_dataset, torchvision_present
+
+    if torchvision_present("cifar10", root):
+        x, _, source = torchvision_dataset("cifar10", "train", root, download=False)
+        return torch.from_numpy(x), f"CIFAR-10 train ({source})"
+    x = chw_float(cifar10_jpeg(root)["train_x"])
+    return x, f"CIFAR-10 train, JPEG copy (offline mirror {CIFAR10_JPEG_FILE})"
+
+
+def grey_natural_out(shape: tuple[int, ...], root=None) -> OutSet:
+    """Grey natural images for 28x28 data: CIFAR-10 training images (torchvision's files in the
+    data root, else the JPEG copy), else Tiny ImageNet; no download needed."""
+    from ccu.data.archives import CIFAR10_JPEG_FILE, TINY_IMAGENET_FILES
+    from ccu.data.ood import grey_resized
+    from ccu.data.sources import mirror_available, torchvision_present
+
+    size = shape[-1]
+    if torchvision_present("cifar10", root) or mirror_available(CIFAR10_JPEG_FILE, root):
+        x, source = cifar10_train_images(root)
+        return OutSet(
+            grey_resized(x, size),
+            f"{len(x):,} CIFAR-10 training images grey-scaled to {size}x{size} (stand-in for 80M "
+            "Tiny Images; GrCIFAR10 tests on the disjoint CIFAR-10 test set)",
+            source,
+        )
+    if all(mirror_available(TINY_IMAGENET_FILES[p], root) for p in ("train150", "val")):
+        return tiny_imagenet_out(shape, root)
+    raise DataNotFoundError(
+        "no natural images for the training out-distribution: neither torchvision's CIFAR-10 "
+        f"files in {data_root(root)}/cifar-10-batches-py/ nor the offline mirrors "
+        f"{CIFAR10_JPEG_FILE} or {TINY_IMAGENET_FILES['train150']} were found (looked in the data "
+        "root, $CCU_OFFLINE_DATA and ../shared/data). Download CIFAR-10 with "
+        "python -c \"import ccu.data as d; d.torchvision_arrays('cifar10', 'train')\", or train "
+        "with out='uniform' or out='300k'."
+    )
+
+
+def colour_natural_out(shape: tuple[int, ...], root=None) -> OutSet:
+    """Colour natural images for 32x32 data: Tiny ImageNet (train + val) from the mirror; where
+    it is missing, patches of scikit-learn's two sample photos + uniform noise, with a warning."""
+    from ccu.data.archives import TINY_IMAGENET_FILES
+    from ccu.data.ood import natural_image_patches, uniform_noise
+    from ccu.data.sources import mirror_available
+
+    if all(mirror_available(TINY_IMAGENET_FILES[p], root) for p in ("train150", "val")):
+        return tiny_imagenet_out(shape, root)
+    warnings.warn(
+        "the Tiny ImageNet mirror is not there; training against 20,000 patches of two sample "
+        "photos + 5,000 uniform images instead (a weak out-distribution). Use out='300k' to "
+        "download Outlier Exposure's 300K random images.",
+        stacklevel=3,
+    )
+    x = torch.cat(
+        [natural_image_patches(20000, 32, 0, channels=3), uniform_noise(5000, (3, 32, 32), 1)]
+    )
+    x = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(0))]
+    return OutSet(
+        x,
+        "20,000 colour patches of scikit-learn's two sample photos + 5,000 uniform (Tiny "
+        "ImageNet mirror not found)",
+        "sklearn.datasets.load_sample_images, generated noise",
+    )
 
 
 def _locate(filename: str, path, root, what: str) -> Path:
@@ -33,10 +168,20 @@ def _locate(filename: str, path, root, what: str) -> Path:
     if not p.is_file():
         raise DataNotFoundError(
             f"{what} not found at {p}. Place the file '{filename}' in the data root "
-            f"({data_root(root)}) or pass its path; or train with the offline proxy "
+            f"({data_root(root)}) or pass its path; or train with the offline default "
             "out-distribution (load_dataset(..., out='proxy'))."
         )
     return p
+
+
+def fetch_300k(root=None, url: str | None = None, md5sum: str | None = None) -> Path:
+    """Outlier Exposure's "300K random images" in the data root, downloaded (921.6 MB,
+    md5-checked, resumable) when it is not there yet (``url``/``md5sum`` default to
+    :data:`RANDOM_300K_URL` / :data:`RANDOM_300K_MD5`)."""
+    from ccu.data.download import download
+
+    dest = data_root(root) / RANDOM_300K_FILE
+    return download(url or RANDOM_300K_URL, dest, md5sum or RANDOM_300K_MD5)
 
 
 def _sample_indices(total: int, n: int, seed: int, exclude) -> np.ndarray:
@@ -74,8 +219,13 @@ def tiny_images(n: int, seed: int, path=None, root=None, exclude=None, strict_si
     return flat.reshape(n, 3, 32, 32).transpose(0, 3, 2, 1).copy()  # Fortran order -> (32, 32, 3)
 
 
-def random_300k(n: int, seed: int, path=None, root=None, exclude=None):
-    """``n`` seeded random images from Outlier Exposure's 300K file, uint8 (n, 32, 32, 3)."""
+def random_300k(n: int, seed: int, path=None, root=None, exclude=None, download: bool = True):
+    """``n`` seeded random images from Outlier Exposure's 300K file, uint8 (n, 32, 32, 3).
+
+    Without ``path`` the file is taken from the data root, downloaded first if it is missing
+    and ``download`` is set (:func:`fetch_300k`)."""
+    if path is None and download and not (data_root(root) / RANDOM_300K_FILE).is_file():
+        fetch_300k(root)
     p = _locate(RANDOM_300K_FILE, path, root, "'300K random images' file")
     try:
         data = np.load(p, mmap_mode="r", allow_pickle=False)
@@ -99,3 +249,64 @@ def as_images(x_hwc: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
     if x.shape[1:] != shape:
         raise ValueError(f"out-distribution images are {tuple(x.shape[1:])}, the task {shape}.")
     return x
+
+
+# ------------------------------------------------- the stand-ins of the toy and subset datasets
+def uniform_box(low: float, high: float, n: int = 2000):
+    """Uniform noise on ``[low, high]^d`` (the two-moons out-distribution)."""
+
+    def out(shape: tuple[int, ...], seed: int, root=None) -> OutSet:
+        from ccu.data.ood import uniform_noise
+
+        return OutSet(
+            uniform_noise(n, shape, seed + 1, low, high),
+            f"{n:,} uniform-noise points on [{low:g}, {high:g}]^{int(np.prod(shape))}",
+            "generated",
+        )
+
+    return out
+
+
+def photo_patches(n_patches: int, n_uniform: int):
+    """Patches of scikit-learn's two sample photos + uniform noise, shuffled (seeded)."""
+
+    def out(shape: tuple[int, ...], seed: int, root=None) -> OutSet:
+        from ccu.data.ood import natural_image_patches, uniform_noise
+
+        x = torch.cat(
+            [
+                natural_image_patches(n_patches, shape[-1], seed, channels=shape[0]),
+                uniform_noise(n_uniform, shape, seed + 1),
+            ]
+        )
+        x = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))]
+        kind = "grey" if shape[0] == 1 else "colour"
+        return OutSet(
+            x,
+            f"{n_patches:,} {kind} {shape[-1]}x{shape[-1]} patches of scikit-learn's two sample "
+            f"photos + {n_uniform:,} uniform",
+            "sklearn.datasets.load_sample_images, generated noise",
+        )
+
+    return out
+
+
+def cifar10_train_10k_grey(shape: tuple[int, ...], seed: int, root=None) -> OutSet:
+    """The mirror's ``train_10k`` CIFAR-10 subset grey-scaled (``mnist-offline``'s stand-in)."""
+    from ccu.data.ood import grey_resized
+    from ccu.data.sources import cifar10_mirror
+
+    cifar, _ = cifar10_mirror("train_10k", root)
+    x = torch.from_numpy(cifar.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
+    return OutSet(
+        grey_resized(x, shape[-1]),
+        f"{len(x):,} images of the CIFAR-10 train_10k mirror, grey-scaled and resized to 28x28 "
+        "(proxy for 80M Tiny Images; GrCIFAR10 uses the disjoint CIFAR-10 test mirror)",
+        "offline mirror cifar10/train_10k.npz",
+    )
+
+
+def natural(shape: tuple[int, ...], seed: int, root=None) -> OutSet:
+    """The offline natural-image default: :func:`grey_natural_out` for grey data,
+    :func:`colour_natural_out` for colour data."""
+    return grey_natural_out(shape, root) if shape[0] == 1 else colour_natural_out(shape, root)

@@ -2,8 +2,12 @@
 
 * The data root (downloads and local copies): the ``root`` argument, else the environment
   variable ``CCU_DATA_ROOT``, else ``data/`` at the repository root.
-* Offline mirrors (MNIST test set, CIFAR-10 subsets): found in the data root, in
-  ``CCU_OFFLINE_DATA``, or in ``../shared/data`` beside the repository.
+* Offline mirrors (MNIST, Fashion-MNIST, the CIFAR-10 JPEG copy, Tiny ImageNet; listed in
+  ``MIRROR_FILES``): found in the data root, in ``CCU_OFFLINE_DATA``, or in ``../shared/data``
+  beside the repository.
+* MNIST and Fashion-MNIST are read by torchvision's own classes: mirrored IDX files are unpacked
+  into torchvision's layout in the data root (``<root>/MNIST/raw/``) first; with no mirror,
+  torchvision downloads them.
 * Every mirrored file is checked against its sha256 before use; a truncated or corrupt file gives
   an error naming the file and the expected checksum, never silently wrong data.
 """
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +33,16 @@ MIRROR_FILES: dict[str, str] = {
     "mnist/t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
     "cifar10/test.npz": "f892c14ad369977dff609cbce6fc32e7094390de596992893599e93aa1627659",
     "cifar10/train_10k.npz": "786d6ddbfbddba382c0e3f63c2de20951839e9afad246731be34eb864af4ec70",
+    "cifar10/cifar10-jpeg.tar.gz": "3dbf9221cb924024b0fae7568df751ec206580f31e82b82ecba454d3f0ab234a",
+    "mnist/train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "mnist/train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "fashion-mnist/train-images-idx3-ubyte.gz": "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+    "fashion-mnist/train-labels-idx1-ubyte.gz": "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+    "fashion-mnist/t10k-images-idx3-ubyte.gz": "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+    "fashion-mnist/t10k-labels-idx1-ubyte.gz": "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+    "tiny-imagenet/tiny-imagenet-200_val.tar.gz": "82fc70853aadcdbe700df57bd92a4ef1208da03c3f1bbead12c9efcabcd965e7",
+    "tiny-imagenet/tiny-imagenet-200_test_unlabeled.tar.gz": "9885c5e09d1c07db390c634433dec18fd28eaaf5b89da69bf619cd042bc761e8",
+    "tiny-imagenet/tiny-imagenet-200_train150.tar.gz": "7e6053a1c65d472a8c65f7b8da2284e287c38072d989f181f4a475c51bd4aefc",
 }
 
 
@@ -70,13 +85,26 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+#: (path, size, mtime) -> sha256, so that a file is hashed once per process while unchanged.
+_HASHED: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_cached(path: Path) -> str:
+    """:func:`sha256`, remembered for this process while the file's size and mtime stay put."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256(path)
+    return _HASHED[key]
+
+
 def find_mirror_file(relpath: str, root=None, verify: bool = True) -> Path:
     """Locate an offline mirror file and check its checksum."""
     tried = [d / relpath for d in mirror_dirs(root)]
     for path in tried:
         if path.is_file():
             if verify and relpath in MIRROR_FILES:
-                got = sha256(path)
+                got = sha256_cached(path)
                 if got != MIRROR_FILES[relpath]:
                     raise CorruptDataError(
                         f"{path} is corrupt or truncated: sha256 {got[:16]}... but expected "
@@ -105,6 +133,11 @@ def read_idx_gz(path: Path, kind: str) -> torch.Tensor:
             return read_image_file(str(plain)) if kind == "images" else read_label_file(str(plain))
         except (AssertionError, TypeError, ValueError, RuntimeError) as exc:
             raise CorruptDataError(f"{path} is not a valid IDX {kind} file ({exc}).") from exc
+
+
+def mirror_available(relpath: str, root=None) -> bool:
+    """Whether an offline mirror file is on disk (unverified: loading it verifies it)."""
+    return any((d / relpath).is_file() for d in mirror_dirs(root))
 
 
 def mnist_test_mirror(root=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,14 +180,68 @@ TORCHVISION_SETS = {
     "cifar100": ("CIFAR100", {"train": True}, {"train": False}, "cifar-100-python/"),
 }
 
+#: torchvision sets whose official files are mirrored: name -> (torchvision folder, mirror folder)
+IDX_MIRRORS = {"mnist": ("MNIST", "mnist"), "fmnist": ("FashionMNIST", "fashion-mnist")}
+_IDX_FILES = tuple(
+    f"{prefix}-{kind}-ubyte"
+    for prefix in ("train", "t10k")
+    for kind in ("images-idx3", "labels-idx1")
+)
+_SOURCE_NOTE = ".ccu-source"  # written beside files unpacked from a mirror
 
-def torchvision_arrays(name: str, split: str, root=None, download: bool = True):
-    """A torchvision dataset as arrays (x float32 in [0, 1] (N, C, H, W), y int64).
 
-    Downloads into the data root when allowed. A failed download or a missing file raises
-    :class:`DataNotFoundError` saying which files are expected where; torchvision writes
-    downloads to a temporary name and checks their md5, so a broken download is not kept as
-    valid data.
+def stage_idx_mirror(name: str, root=None) -> Path | None:
+    """Unpack the mirrored IDX files of ``name`` (``mnist``, ``fmnist``) into torchvision's
+    layout in the data root (``<root>/MNIST/raw/``), verifying each against its sha256.
+
+    Returns the raw folder when the files are there afterwards, None when they are not in the
+    data root and no mirror holds them (torchvision will then download them)."""
+    folder, mirror = IDX_MIRRORS[name]
+    raw = data_root(root) / folder / "raw"
+    missing = [n for n in _IDX_FILES if not (raw / n).is_file()]
+    if not missing:
+        return raw
+    if not all(mirror_available(f"{mirror}/{n}.gz", root) for n in missing):
+        return None
+    raw.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(raw / ".staging.lock")):
+        sources = []
+        for n in missing:
+            if (raw / n).is_file():  # another process unpacked it meanwhile
+                continue
+            gz = find_mirror_file(f"{mirror}/{n}.gz", root)
+            tmp = raw / f".{n}.partial"
+            try:
+                tmp.write_bytes(gzip.decompress(gz.read_bytes()))
+            except (OSError, EOFError) as exc:
+                tmp.unlink(missing_ok=True)
+                raise CorruptDataError(f"{gz} is not a valid gzip file ({exc}).") from exc
+            os.replace(tmp, raw / n)
+            sources.append(str(gz.parent))
+        if sources:
+            (raw / _SOURCE_NOTE).write_text(sorted(set(sources))[0] + "\n")
+    return raw
+
+
+def _not_found(name, cls_name, split, root, expected, how, exc) -> DataNotFoundError:
+    return DataNotFoundError(
+        f"{cls_name} ({split}) is not in {root} and {how}: {exc}\n"
+        f"Expected files: {root}/{expected}. Download them on a machine with internet "
+        f"(python -c \"import ccu.data as d; d.load_dataset('{name}')\") and copy the "
+        f"folder, or set CCU_DATA_ROOT to where they are."
+    )
+
+
+def torchvision_dataset(name: str, split: str, root=None, download: bool = True):
+    """A torchvision dataset as arrays, and where it came from.
+
+    Returns ``(x, y, source)``: x float32 in [0, 1] (N, C, H, W), y int64, and a sentence naming
+    the files read. MNIST and Fashion-MNIST are first unpacked from the offline mirror when it
+    holds them (:func:`stage_idx_mirror`). Otherwise torchvision downloads into the data root
+    when allowed. A failed download or a missing file raises :class:`DataNotFoundError` saying
+    which files are expected where; torchvision writes downloads to a temporary name and checks
+    their md5, so a broken download is not kept as valid data. Files that torchvision cannot
+    parse raise :class:`CorruptDataError`.
     """
     import torchvision
 
@@ -164,22 +251,38 @@ def torchvision_arrays(name: str, split: str, root=None, download: bool = True):
     kwargs = train_kw if split == "train" else test_kw
     root = data_root(root)
     cls = getattr(torchvision.datasets, cls_name)
+    staged = stage_idx_mirror(name, root) if name in IDX_MIRRORS else None
+    present = torchvision_present(name, root)
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # a black-holed network fails, never hangs
     try:
-        ds = cls(str(root), download=download, **kwargs)
-    except (RuntimeError, OSError, ValueError) as exc:
-        how = (
-            "it could not be downloaded (no internet?)" if download else "download=False was given"
-        )
-        raise DataNotFoundError(
-            f"{cls_name} ({split}) is not in {root} and {how}: {exc}\n"
-            f"Expected files: {root}/{expected}. Download them on a machine with internet "
-            f"(python -c \"import ccu.data as d; d.load_dataset('{name}')\") and copy the "
-            f"folder, or set CCU_DATA_ROOT to where they are."
-        ) from exc
+        ds, had_files = cls(str(root), download=False, **kwargs), True
+    except (AssertionError, EOFError, RuntimeError, OSError, ValueError) as exc:
+        if present:  # the files are there but torchvision cannot parse them
+            raise CorruptDataError(
+                f"{cls_name} files in {root}/{expected} are truncated or corrupt ({exc!r}); "
+                "delete them and load again."
+            ) from exc
+        if not download:
+            how = "download=False was given"
+            raise _not_found(name, cls_name, split, root, expected, how, exc) from exc
+        try:
+            ds, had_files = cls(str(root), download=True, **kwargs), False
+        except (RuntimeError, OSError, ValueError) as exc2:
+            how = "it could not be downloaded (no internet?)"
+            raise _not_found(name, cls_name, split, root, expected, how, exc2) from exc2
     finally:
         socket.setdefaulttimeout(previous)
+    note = staged / _SOURCE_NOTE if staged is not None else None
+    if note is not None and note.is_file():
+        source = (
+            f"offline mirror {note.read_text().strip()} (the official files), unpacked to "
+            f"{staged} and read by torchvision.datasets.{cls_name}"
+        )
+    elif had_files:
+        source = f"torchvision.datasets.{cls_name} files in {root}"
+    else:
+        source = f"downloaded by torchvision.datasets.{cls_name} into {root}"
     data = ds.data
     x = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
     if x.ndim == 3:  # (N, H, W) grey
@@ -190,4 +293,33 @@ def torchvision_arrays(name: str, split: str, root=None, download: bool = True):
     if name == "emnist":  # EMNIST letters: labels 1..26, images stored transposed
         x = x.transpose(0, 1, 3, 2)
         y = y - 1
-    return (x.astype(np.float32) / 255.0), y
+    return (x.astype(np.float32) / 255.0), y, source
+
+
+#: one file per torchvision set whose presence means "already downloaded" (both splits)
+_TORCHVISION_MARKERS = {
+    "mnist": ("MNIST/raw/train-images-idx3-ubyte", "MNIST/raw/t10k-images-idx3-ubyte"),
+    "fmnist": (
+        "FashionMNIST/raw/train-images-idx3-ubyte",
+        "FashionMNIST/raw/t10k-images-idx3-ubyte",
+    ),
+    "emnist": (
+        "EMNIST/raw/emnist-letters-train-images-idx3-ubyte",
+        "EMNIST/raw/emnist-letters-test-images-idx3-ubyte",
+    ),
+    "svhn": ("train_32x32.mat", "test_32x32.mat"),
+    "cifar10": ("cifar-10-batches-py/data_batch_5", "cifar-10-batches-py/test_batch"),
+    "cifar100": ("cifar-100-python/train", "cifar-100-python/test"),
+}
+
+
+def torchvision_present(name: str, root=None) -> bool:
+    """Whether torchvision's files of ``name`` are already in the data root (nothing is read or
+    downloaded; reading them still checks them)."""
+    return all((data_root(root) / f).is_file() for f in _TORCHVISION_MARKERS[name])
+
+
+def torchvision_arrays(name: str, split: str, root=None, download: bool = True):
+    """:func:`torchvision_dataset` without the source: ``(x, y)``."""
+    x, y, _ = torchvision_dataset(name, split, root, download)
+    return x, y

@@ -1,0 +1,95 @@
+"""Loaders of the in-distributions: each returns the train and test splits and their source.
+
+Every loader has the signature ``(seed, root) -> Splits``; the registry
+(:mod:`ccu.data.registry`) pairs each with its record.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ccu.data.outdist import chw_float
+from ccu.data.sources import cifar10_mirror, mnist_test_mirror, torchvision_dataset
+from ccu.data.spec import Splits
+
+
+def _hwc_to_chw(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
+
+
+def moons(seed: int, root=None) -> Splits:
+    from sklearn.datasets import make_moons
+
+    x, y = make_moons(n_samples=1200, noise=0.1, random_state=seed)
+    x = (x - x.mean(0)).astype(np.float32)
+    idx = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[idx], y[idx]
+    return Splits((x[:1000], y[:1000]), (x[1000:], y[1000:]), "sklearn.datasets.make_moons")
+
+
+def digits(seed: int, root=None) -> Splits:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = (bunch.images / 16.0).astype(np.float32)[:, None]  # (1797, 1, 8, 8) in [0, 1]
+    y = bunch.target.astype(np.int64)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=397, stratify=y, random_state=seed)
+    return Splits((xtr, ytr), (xte, yte), "sklearn.datasets.load_digits")
+
+
+def mnist_offline(seed: int, root=None) -> Splits:
+    """The MNIST test set of the mirror split 8,000 / 2,000 (the stand-in kept for the committed
+    reference results; ``mnist`` is the full set)."""
+    from sklearn.model_selection import train_test_split
+
+    images, labels = mnist_test_mirror(root)
+    x = images.numpy().astype(np.float32)[:, None] / 255.0
+    y = labels.numpy()
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=2000, stratify=y, random_state=seed)
+    return Splits((xtr, ytr), (xte, yte), "offline mirror mnist/t10k-*-ubyte.gz (MNIST test set)")
+
+
+def cifar10_offline(seed: int, root=None) -> Splits:
+    """The 10,000-image CIFAR-10 subset of the mirror (the stand-in kept for the committed
+    reference results; ``cifar10-jpeg`` is the full set)."""
+    xtr, ytr = cifar10_mirror("train_10k", root)
+    xte, yte = cifar10_mirror("test", root)
+    return Splits(
+        (_hwc_to_chw(xtr), ytr),
+        (_hwc_to_chw(xte), yte),
+        "offline mirror cifar10/train_10k.npz, cifar10/test.npz (decoded from the JPEG copy)",
+    )
+
+
+def torchvision_set(name: str):
+    """The official splits of a torchvision dataset (MNIST and Fashion-MNIST from the mirror's
+    official files when present, else downloaded)."""
+
+    def load(seed: int, root=None) -> Splits:
+        xtr, ytr, source = torchvision_dataset(name, "train", root)
+        xte, yte, _ = torchvision_dataset(name, "test", root)
+        return Splits((xtr, ytr), (xte, yte), source)
+
+    load.__doc__ = f"{name}: the official train and test splits (torchvision)."
+    return load
+
+
+def cifar10_jpeg(seed: int, root=None) -> Splits:
+    """All of CIFAR-10 from the mirror's JPEG copy: 50,000 train / 10,000 test.
+
+    The archive lists images by class; the training set is shuffled with ``seed`` (so that
+    ``Dataset.subset`` stays stratified), the test set with a fixed permutation."""
+    from ccu.data.archives import CIFAR10_JPEG_FILE
+    from ccu.data.archives import cifar10_jpeg as decoded
+
+    a = decoded(root)
+    train = torch.randperm(len(a["train_y"]), generator=torch.Generator().manual_seed(seed))
+    test = torch.randperm(len(a["test_y"]), generator=torch.Generator().manual_seed(0))
+    return Splits(
+        (chw_float(a["train_x"][train.numpy()]), a["train_y"][train.numpy()]),
+        (chw_float(a["test_x"][test.numpy()]), a["test_y"][test.numpy()]),
+        f"offline mirror {CIFAR10_JPEG_FILE} (JPEG quality 75 copy of CIFAR-10, decoded with "
+        "torchvision.io.decode_jpeg)",
+    )

@@ -1,0 +1,102 @@
+"""The dataset record (:class:`DatasetSpec`) and a loaded dataset (:class:`Dataset`).
+
+A record holds everything the library knows about a dataset before loading it: shape and
+classes, how to load its splits, its training out-distribution, its OOD test sets (Table 2's
+columns), the paper's name for it, its optimiser settings and its augmentation. The registry
+(:mod:`ccu.data.registry`) is the only table of records; training settings, augmentation and the
+report's paper names are all read from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ccu.config import TrainSettings
+from ccu.data.augment import Augmentation
+
+
+@dataclass
+class Splits:
+    """What a record's loader returns: train and test arrays and where they came from."""
+
+    train: tuple
+    test: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset: what it is, how it is loaded, trained, augmented and evaluated."""
+
+    name: str
+    num_classes: int
+    shape: tuple[int, ...]  # one sample, without the batch dimension
+    description: str  # one line: what the data is, its split sizes, where it comes from
+    loader: Callable[[int, object], Splits]  # (seed, data root) -> splits
+    out_distribution: Callable  # (shape, seed, data root) -> ccu.data.outdist.OutSet
+    settings: TrainSettings = field(default_factory=TrainSettings)
+    augmentation: Augmentation | None = None  # None: no augmentation
+    paper_name: str | None = None  # the paper's name for it (its tables' rows); None: not in it
+    ood_sets: tuple[str, ...] = ()  # Table 2's columns, names of ccu.data.oodsets.OOD_SETS
+    value_range: tuple[float, float] | None = (0.0, 1.0)  # None: unbounded (toy data)
+
+    @property
+    def caption(self) -> str:
+        """``name: description`` for chapter headers and table captions."""
+        return f"{self.name}: {self.description}"
+
+
+@dataclass
+class Dataset:
+    """A loaded dataset: tensors for the train and test split, and the out-distribution."""
+
+    spec: DatasetSpec
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    out_x: torch.Tensor  # training out-distribution
+    out_description: str
+    seed: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def num_classes(self) -> int:
+        return self.spec.num_classes
+
+    @property
+    def dim(self) -> int:
+        return int(np.prod(self.spec.shape))
+
+    def checksum(self) -> str:
+        """sha256 of the train and test tensors (recorded with results)."""
+        h = hashlib.sha256()
+        for t in (self.train_x, self.train_y, self.test_x, self.test_y):
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def subset(self, n_train: int | None) -> Dataset:
+        """The first ``n_train`` training points (stratification is kept by the loaders'
+        shuffling); the test set and out-distribution are unchanged."""
+        if n_train is None or n_train >= len(self.train_x):
+            return self
+        return Dataset(
+            self.spec,
+            self.train_x[:n_train],
+            self.train_y[:n_train],
+            self.test_x,
+            self.test_y,
+            self.out_x,
+            self.out_description,
+            self.seed,
+            dict(self.info, n_train=n_train),
+        )
