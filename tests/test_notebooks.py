@@ -87,7 +87,9 @@ def test_ood_chapter_on_real_mnist(tmp_path, monkeypatch):
         ).read_text()
     )
     assert cfg["profile"]["epochs"] == 4 and cfg["dataset"] == "mnist-offline"
-    assert (tmp_path / "results" / "smoke" / "mnist-offline" / "CCU" / "metrics.json").exists()
+    assert (
+        tmp_path / "results" / "smoke" / "mnist-offline" / "seed0" / "CCU" / "metrics.json"
+    ).exists()
 
 
 @pytest.mark.notebooks
