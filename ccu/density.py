@@ -243,21 +243,61 @@ class _GMMBallBounds(BallBounds):
 
 
 class ScaleConstraint:
-    """Mixtures whose components have a scale (variance) per component: the paper's constraint
-    ``min_l theta_l > max_k sigma_k`` (out-scales above in-scales) is stated through these."""
+    """Mixtures with a variance per component (and direction) in ``log_variances`` and weight
+    logits in ``log_weight_logits``: the paper's constraint ``min_l theta_l > max_k sigma_k``
+    (out-scales above in-scales) is stated through these, and saving needs only ``K``."""
 
-    def log_variance_range(self) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+    @property
+    def n_components(self) -> int:
+        return self.log_weight_logits.shape[0]
+
+    @property
+    def log_weights(self) -> torch.Tensor:
+        return torch.log_softmax(self.log_weight_logits, 0)
+
+    def log_variance_range(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(smallest, largest) log-variance over all components and directions (scalars)."""
-        raise NotImplementedError
+        lv = self.log_variances.detach()
+        return lv.min(), lv.max()
 
-    def raise_log_variances_(self, floor: float) -> None:  # pragma: no cover
-        """Clamp every log-variance to at least ``floor`` (in place, no gradients)."""
-        raise NotImplementedError
+    @torch.no_grad()
+    def raise_log_variances_(self, floor: float) -> None:
+        """Clamp every log-variance to at least ``floor`` (in place)."""
+        self.log_variances.clamp_(min=float(floor))
 
     def after_step(self, model) -> None:
         """As the out-density: ``theta >= 2 max sigma`` after every step (the paper's rule)."""
         if self is model.density_out and isinstance(model.density_in, ScaleConstraint):
             model.enforce_constraint()
+
+    def config(self) -> dict:
+        return {
+            "n_components": self.n_components,
+            "train_weights": bool(self.log_weight_logits.requires_grad),
+        }
+
+
+def em_fit(x, metric, seed, n_components, covariance_type, max_iter, reg_covar, verbose):
+    """k-means + EM in the metric's whitened space with scikit-learn (``covariance_type``
+    ``"spherical"`` is eq. "model_GMM" there, ``"diag"`` the diagonal family): returns
+    ``(means, log variances, log weights)`` as numpy arrays."""
+    from sklearn.mixture import GaussianMixture as SkGMM
+
+    w = _whitened_data(x, metric, n_components)
+    start = time.perf_counter()
+    sk = SkGMM(
+        n_components=int(n_components),
+        covariance_type=covariance_type,
+        max_iter=max_iter,
+        reg_covar=reg_covar,
+        random_state=seed,
+        init_params="kmeans",
+    ).fit(w)
+    if verbose:
+        took = time.perf_counter() - start
+        print(f"EM ({covariance_type}): {n_components} components on {w.shape} in {took:.1f}s")
+    log_weights = np.log(sk.weights_)
+    return sk.means_, np.log(sk.covariances_), log_weights - np.logaddexp.reduce(log_weights)
 
 
 @register_density("gmm")
@@ -333,36 +373,14 @@ class GaussianMixture(ScaleConstraint, DensityModel):
 
     # ------------------------------------------------------------------ parameters
     @property
-    def n_components(self) -> int:
-        return self.whitened_means.shape[0]
-
-    @property
     def means(self) -> torch.Tensor:
         """Component means in input space (K, D)."""
         return self.metric.unwhiten(self.whitened_means)
 
     @property
-    def log_weights(self) -> torch.Tensor:
-        return torch.log_softmax(self.log_weight_logits, 0)
-
-    @property
     def sigmas(self) -> torch.Tensor:
         """``sigma_k`` (K,)."""
         return (0.5 * self.log_variances).exp()
-
-    def log_variance_range(self):
-        lv = self.log_variances.detach()
-        return lv.min(), lv.max()
-
-    @torch.no_grad()
-    def raise_log_variances_(self, floor: float) -> None:
-        self.log_variances.clamp_(min=float(floor))
-
-    def config(self) -> dict:
-        return {
-            "n_components": self.n_components,
-            "train_weights": bool(self.log_weight_logits.requires_grad),
-        }
 
     @classmethod
     def empty(cls, metric: Mahalanobis, n_components: int, train_weights: bool = False):
@@ -423,30 +441,12 @@ class GaussianMixture(ScaleConstraint, DensityModel):
         reg_covar: float = 1e-6,
         verbose: bool = False,
     ) -> GaussianMixture:
-        """k-means + EM with spherical covariances in whitened space (scikit-learn).
-
-        scikit-learn's ``GaussianMixture(covariance_type="spherical")`` is exactly the model of
-        eq. "model_GMM" in whitened coordinates, so it is used as is.
-        """
-        from sklearn.mixture import GaussianMixture as SkGMM
-
-        w = _whitened_data(x, metric, n_components)
-        start = time.perf_counter()
-        sk = SkGMM(
-            n_components=int(n_components),
-            covariance_type="spherical",
-            max_iter=max_iter,
-            reg_covar=reg_covar,
-            random_state=seed,
-            init_params="kmeans",
-        ).fit(w)
-        if verbose:
-            print(
-                f"EM: {n_components} components on {w.shape} in {time.perf_counter() - start:.1f}s"
-            )
-        log_weights = np.log(sk.weights_)
-        log_weights -= np.logaddexp.reduce(log_weights)
-        return cls.from_whitened(sk.means_, np.log(sk.covariances_), log_weights, metric)
+        """k-means + EM with spherical covariances in whitened space (scikit-learn's
+        ``GaussianMixture(covariance_type="spherical")`` is eq. "model_GMM" there)."""
+        means, log_var, log_w = em_fit(
+            x, metric, seed, n_components, "spherical", max_iter, reg_covar, verbose
+        )
+        return cls.from_whitened(means, log_var, log_w, metric)
 
     def extra_repr(self) -> str:
         s = self.sigmas.detach()

@@ -20,9 +20,7 @@ the book chapter *Try your own density model*.
 from __future__ import annotations
 
 import math
-import time
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -30,7 +28,7 @@ from ccu.density import (
     BallBounds,
     DensityModel,
     ScaleConstraint,
-    _whitened_data,
+    em_fit,
     register_density,
 )
 from ccu.metric import Mahalanobis, squared_distances
@@ -87,14 +85,6 @@ class DiagonalGaussianMixture(ScaleConstraint, DensityModel):
         self.log_variances = nn.Parameter(lv.to(dtype))
         self.log_weight_logits = nn.Parameter(lw.to(dtype), requires_grad=train_weights)
 
-    @property
-    def n_components(self) -> int:
-        return self.whitened_means.shape[0]
-
-    @property
-    def log_weights(self) -> torch.Tensor:
-        return torch.log_softmax(self.log_weight_logits, 0)
-
     def log_alpha(self) -> torch.Tensor:
         """Log weight plus log normaliser of each component, in input space (K,)."""
         log_det = self.metric.log_det.to(self.log_variances.dtype)
@@ -127,20 +117,6 @@ class DiagonalGaussianMixture(ScaleConstraint, DensityModel):
                                (0.5 * lv.max(1).values).exp())  # fmt: skip
 
     # ------------------------------------------------------------------ protocol
-    def log_variance_range(self):
-        lv = self.log_variances.detach()
-        return lv.min(), lv.max()
-
-    @torch.no_grad()
-    def raise_log_variances_(self, floor: float) -> None:
-        self.log_variances.clamp_(min=float(floor))
-
-    def config(self) -> dict:
-        return {
-            "n_components": self.n_components,
-            "train_weights": bool(self.log_weight_logits.requires_grad),
-        }
-
     @classmethod
     def empty(cls, metric: Mahalanobis, n_components: int, train_weights: bool = False):
         k, d = int(n_components), metric.dim
@@ -160,23 +136,10 @@ class DiagonalGaussianMixture(ScaleConstraint, DensityModel):
     ) -> DiagonalGaussianMixture:
         """k-means + EM with diagonal covariances in whitened space (scikit-learn's
         ``GaussianMixture(covariance_type="diag")`` is this model in those coordinates)."""
-        from sklearn.mixture import GaussianMixture as SkGMM
-
-        w = _whitened_data(x, metric, n_components)
-        start = time.perf_counter()
-        sk = SkGMM(
-            n_components=int(n_components),
-            covariance_type="diag",
-            max_iter=max_iter,
-            reg_covar=reg_covar,
-            random_state=seed,
-            init_params="kmeans",
-        ).fit(w)
-        if verbose:
-            print(f"EM (diag): {n_components} on {w.shape} in {time.perf_counter() - start:.1f}s")
-        log_weights = np.log(sk.weights_)
-        log_weights -= np.logaddexp.reduce(log_weights)
-        return cls(sk.means_, np.log(sk.covariances_), log_weights, metric)
+        means, log_var, log_w = em_fit(
+            x, metric, seed, n_components, "diag", max_iter, reg_covar, verbose
+        )
+        return cls(means, log_var, log_w, metric)
 
     def extra_repr(self) -> str:
         lo, hi = self.log_variance_range()
