@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ccu.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
 from ccu.density import _radius, whiten64
 from ccu.metric import squared_distances
 from ccu.model import CCU
@@ -319,10 +320,12 @@ def theorem1_distance(model: CCU, z, train_x, eps: float) -> torch.Tensor:
 @dataclass
 class CertificateAttack:
     """:func:`attack_certificates`: radii of all centres, and for the certified ones the attack,
-    the best of the uniform samples and the float64 check of the worst point found."""
+    the float64 confidences it and the uniform samples reached, and the float64 check of the
+    worse point per ball."""
 
     radius: torch.Tensor  # (N,) NaN = uncertified
-    attack: object  # ccu.AttackResult over the certified centres
+    attack: AttackResult  # over the certified centres
+    attack_confidence: torch.Tensor  # (n_certified,) float64 confidence at the attack's points
     sampled_max: torch.Tensor  # (n_certified,) best float64 confidence of the samples
     check: CertificateCheck  # the worse of the attack's point and the best sample, per ball
 
@@ -340,24 +343,26 @@ def attack_certificates(
     n_samples: int = 50,
     seed: int = 0,
     box=(0.0, 1.0),
+    radius=None,
 ) -> CertificateAttack:
     """Try to break Corollary 1 (chapter *Corollary 1 and the certified radius*): certify a ball
-    around every centre, then inside each certified ball (and the box) run PGD on the float32
-    model's confidence and draw ``n_samples`` uniform points; the worse point per ball is judged
-    by the float64 model (:func:`check_certificate`). Uncertified centres are skipped."""
-    from ccu.attacks import ball_attack, confidence_score, sample_in_ball
-
+    around every centre (or take ``radius``, :func:`certified_radius` at ``level``, when it is
+    already known), then inside each certified ball (and the box) run PGD on the float32 model's
+    confidence and draw ``n_samples`` uniform points; the worse point per ball is judged by the
+    float64 model (:func:`check_certificate`). Uncertified centres are skipped."""
     _check_model(model)
     centres = as_tensor(centres, "centres")
-    radius = certified_radius(model, centres, level=level)
+    if radius is None:
+        radius = certified_radius(model, centres, level=level)
+    radius = torch.as_tensor(radius, dtype=torch.float64)
     ok = certified_mask(radius)
-    x0, r = centres[ok.to(centres.device)], radius[ok]
-    shape = centres.shape[1:]
     if not bool(ok.any()):
         raise ValueError(
             "no centre is certified at this level (every bound at R = 0 is above it): there is "
             "no ball to attack. Use centres farther from the in-distribution or a higher level."
         )
+    x0, r = centres[ok.to(centres.device)], radius[ok]
+    shape = centres.shape[1:]
     twin = copy.deepcopy(model).float().eval()  # the forward pass an attacker would run
     x32 = x0.float()
     attack = ball_attack(
@@ -365,14 +370,11 @@ def attack_certificates(
     )
     samples = sample_in_ball(x32, r, model.metric, n_samples, seed=seed, box=box)
     flat = samples.reshape(-1, *shape)
-    p_samples = _confidence_as(model, flat, torch.float64, 1000).reshape(len(x0), -1)
-    best = p_samples.argmax(1) if len(x0) else torch.zeros(0, dtype=torch.long)
-    best_sample = samples[torch.arange(len(x0)), best.cpu()].reshape(len(x0), *shape)
-    p_attack = _confidence_as(model, attack.x, torch.float64, 1000)
-    worse = torch.where(
-        (p_attack >= p_samples.max(1).values).reshape(-1, *[1] * len(shape)).cpu(),
-        attack.x.cpu(),
-        best_sample.cpu(),
-    )
+    p_samples = _confidence_as(model, flat, torch.float64, 1000).reshape(len(x0), -1).cpu()
+    best_sample = samples[torch.arange(len(x0)), p_samples.argmax(1)].reshape(len(x0), *shape)
+    p_attack = _confidence_as(model, attack.x, torch.float64, 1000).cpu()
+    sampled_max = p_samples.max(1).values
+    attack_wins = (p_attack >= sampled_max).reshape(-1, *[1] * len(shape))
+    worse = torch.where(attack_wins, attack.x.cpu(), best_sample.cpu())
     check = check_certificate(model, worse, x0, r, box=box)
-    return CertificateAttack(radius, attack, p_samples.max(1).values, check)
+    return CertificateAttack(radius, attack, p_attack, sampled_max, check)

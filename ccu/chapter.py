@@ -169,14 +169,13 @@ def corollary1_check(
     ``|p32 - p64|`` at the points judged)."""
     ok = ccu.certified_mask(radii)
     tried = ccu.attack_certificates(
-        model, noise, level, prof.attack_steps, prof.attack_restarts, n_samples, seed
-    )
-    if not torch.equal(ccu.certified_mask(tried.radius), ok.to(tried.radius.device)):
-        raise ValueError("radii must be ccu.certified_radius(model, noise, level) for this level.")
-    found = ccu.bounds._confidence_as(model, tried.attack.x, torch.float64, 500).cpu()
+        model, noise, level, prof.attack_steps, prof.attack_restarts, n_samples, seed,
+        radius=radii,
+    )  # fmt: skip
+    found = tried.attack_confidence
     chk = tried.check
     return {
-        "radius": tried.radius[ok.to(tried.radius.device)].double().cpu(),
+        "radius": tried.radius[ok].cpu(),
         "bound": chk.bound.cpu(),
         "attack": found,
         "sampled": tried.sampled_max.cpu(),

@@ -175,7 +175,8 @@ def _root(args):
     return Path(args.results) if args.results else None
 
 
-def _commit() -> str:
+def current_commit() -> str:
+    """The commit of this tree (CCU_COMMIT when set), "unknown" without git."""
     # CCU_COMMIT names the commit where git cannot (a copied tree whose .git is not current)
     if os.environ.get("CCU_COMMIT"):
         return os.environ["CCU_COMMIT"]
@@ -312,7 +313,7 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
 
     adv = experiment.AdversarialResult.load(store.adversarial_dir(prof.name, dataset, root, seed))
     names = ordered(methods or adv.methods)
-    commit = _commit()
+    commit = current_commit()
     out = Path(out_dir) / prof.name / dataset
     out.mkdir(parents=True, exist_ok=True)
     devices, seconds = set(), 0.0
@@ -560,27 +561,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("methods", help="list the methods (the paper's column order)")
     p.set_defaults(func=cmd_methods)
 
-    p = sub.add_parser("train", parents=[common], help="train (or load) one method and score it")
-    one(p, "--dataset", "dataset", datasets)
-    one(p, "--method", "method", methods)
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser(
-        "evaluate", parents=[common], help="OOD scores and metrics of a trained method"
-    )
-    one(p, "--dataset", "dataset", datasets)
-    one(p, "--method", "method", methods)
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.set_defaults(func=cmd_evaluate)
-
-    p = sub.add_parser(
-        "attack", parents=[common], help="certify CCU's balls around noise, attack every method"
-    )
-    one(p, "--dataset", "dataset", datasets)
-    one(p, "--method", "method", methods, many=True)
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.set_defaults(func=cmd_attack)
+    for name, func, many, text in (
+        ("train", cmd_train, False, "train (or load) one method and score it"),
+        ("evaluate", cmd_evaluate, False, "OOD scores and metrics of a trained method"),
+        ("attack", cmd_attack, True, "certify CCU's balls around noise, attack every method"),
+    ):
+        p = sub.add_parser(name, parents=[common], help=text)
+        one(p, "--dataset", "dataset", datasets)
+        one(p, "--method", "method", methods, many=many)
+        p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("tables", parents=[common], help="the paper's tables, mean ± sd over seeds")
     one(p, "--dataset", "dataset", datasets, many=True)

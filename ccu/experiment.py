@@ -302,10 +302,13 @@ def _attack_one(name, run, seeds, radii, model_metric, prof, seed, key, director
     return row, worst_x, worst
 
 
-def _own_certificate(model, worst_x, seeds, radii, ok, level, test_confidence) -> dict:
+def _own_certificate(
+    model, worst_x, seeds, radii, ok, level, test_confidence, own_radius=None
+) -> dict:
     """A certifying method's worst points against its own bound over the balls (float64), and
     its own certified radii and certified AUC on the same seeds."""
-    own_radius = ccu.certified_radius(model, seeds, level=level).cpu()
+    if own_radius is None:  # the ball method's own radii are the balls' radii
+        own_radius = ccu.certified_radius(model, seeds, level=level).cpu()
     own_ok = ccu.certified_mask(own_radius)
     own_bound = torch.ones_like(own_radius)  # uncertified: no guarantee
     if bool(own_ok.any()):
@@ -402,7 +405,7 @@ def adversarial_noise(
         for name in certifying:  # each certificate over these balls, judged in float64
             per_method[name]["certificate"] = _own_certificate(
                 runs[name].method.certifier(), worst_x[name], seeds, radii, ok, level,
-                runs[name].scores["test_confidence"],
+                runs[name].scores["test_confidence"], radii if name == ball_method else None,
             )  # fmt: skip
         own = per_method[ball_method]["certificate"]
         summary["ccu_bound_violations"] = own["bound_violations"]

@@ -46,6 +46,8 @@ import numpy as np
 import torch
 from filelock import FileLock, Timeout
 
+from ccu.data.sources import sha256
+
 RESULTS_ROOT = Path(os.environ.get("CCU_RESULTS", Path(__file__).resolve().parents[1] / "results"))
 
 #: the config fields that decide whether a saved run is the run asked for
@@ -158,14 +160,6 @@ def read_torch(path: Path, map_location=None):
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
         raise _corrupt(path, exc) from exc
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def config_key(config: dict) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import torch
 
 from ccu import experiment as E
 from ccu import report
+from ccu.cli import current_commit
 from ccu.config import get_profile
 from ccu.data import load_dataset
 
@@ -46,12 +45,7 @@ def main():
     adv = E.adversarial_noise(runs, data, args.profile, args.seed)
     out = ROOT / "reference-results" / "densities" / args.profile / args.dataset
     out.mkdir(parents=True, exist_ok=True)
-    commit = (
-        os.environ.get("CCU_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-    )
+    commit = current_commit()
     for name, run in runs.items():
         cfg = dict(run.config, commit=commit, device=args.device)
         (out / f"{name}.config.json").write_text(json.dumps(cfg, indent=2, default=str))
