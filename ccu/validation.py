@@ -2,8 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import numpy as np
 import torch
+
+#: inside :func:`trusted_inputs` the per-batch finiteness check is skipped (see there)
+_TRUSTED: ContextVar[bool] = ContextVar("ccu_trusted_inputs", default=False)
+
+
+@contextmanager
+def trusted_inputs() -> Iterator[None]:
+    """Skip the finiteness check of :func:`check_batch` inside the block (shape checks stay).
+
+    The check reads a flag back from the device, which stalls a GPU on every step. Hot loops
+    (the trainer, the attack) check their data once up front and then run inside this block;
+    their batches are gathered from, or stepped within, data already checked."""
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
 
 
 def as_tensor(x, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -33,7 +54,8 @@ def check_finite(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def check_batch(x: torch.Tensor, dim: int, name: str = "x") -> torch.Tensor:
-    """Flatten a batch to (N, dim), checking the feature count and finiteness."""
+    """Flatten a batch to (N, dim), checking the feature count and finiteness (finiteness not
+    inside :func:`trusted_inputs`)."""
     if not isinstance(x, torch.Tensor):
         x = as_tensor(x, name, dtype=torch.get_default_dtype())
     if x.ndim == 0:
@@ -49,5 +71,6 @@ def check_batch(x: torch.Tensor, dim: int, name: str = "x") -> torch.Tensor:
             f"{name} has {flat.shape[1]} features per sample (shape {tuple(x.shape)}) but the "
             f"model is {dim}-dimensional; inputs and model must come from the same dataset."
         )
-    check_finite(flat, name)
+    if not _TRUSTED.get():
+        check_finite(flat, name)
     return flat
