@@ -261,9 +261,14 @@ class ScaleConstraint:
         return lv.min(), lv.max()
 
     @torch.no_grad()
-    def raise_log_variances_(self, floor: float) -> None:
-        """Clamp every log-variance to at least ``floor`` (in place)."""
-        self.log_variances.clamp_(min=float(floor))
+    def raise_log_variances_(self, floor: float | torch.Tensor) -> None:
+        """Clamp every log-variance to at least ``floor`` (in place); a tensor floor (a scalar
+        on the parameters' device) is applied without reading it back to the host."""
+        if isinstance(floor, torch.Tensor):
+            lv = self.log_variances
+            torch.maximum(lv, floor.to(lv), out=lv)
+        else:
+            self.log_variances.clamp_(min=float(floor))
 
     def after_step(self, model) -> None:
         """As the out-density: ``theta >= 2 max sigma`` after every step (the paper's rule)."""

@@ -88,8 +88,18 @@ class CCU(nn.Module):
     def dim(self) -> int:
         return self.density_in.dim
 
+    #: a dtype (``torch.bfloat16``) to run the classifier under autocast, or None (float32). The
+    #: trainer sets it while it trains with ``precision="bf16"``; the densities, the log-space
+    #: mixing and every certificate never run under it. Not saved with the model.
+    classifier_autocast: torch.dtype | None = None
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.classifier(x)
+        if self.classifier_autocast is None:
+            out = self.classifier(x)
+        else:
+            with torch.autocast(x.device.type, dtype=self.classifier_autocast):
+                out = self.classifier(x)
+            out = out.float()
         if out.ndim != 2 or out.shape != (x.shape[0], self.num_classes):
             raise ValueError(
                 f"the classifier must return logits of shape (N, {self.num_classes}); "
@@ -176,8 +186,13 @@ class CCU(nn.Module):
 
     def constraint_gap(self) -> float:
         """``min_l log theta_l - max_k log sigma_k`` (> 0 when Theorem 1's assumption holds)."""
+        return float(self.constraint_gap_tensor())
+
+    def constraint_gap_tensor(self) -> torch.Tensor:
+        """:meth:`constraint_gap` as a scalar tensor on the model's device (the trainer collects
+        these and reads them once per epoch)."""
         gin, gout = self._scales()
-        return 0.5 * float(gout.log_variance_range()[0] - gin.log_variance_range()[1])
+        return 0.5 * (gout.log_variance_range()[0] - gin.log_variance_range()[1]).detach()
 
     def constraint_holds(self) -> bool:
         """``min_l theta_l > max_k sigma_k``."""
@@ -201,7 +216,8 @@ class CCU(nn.Module):
         if factor <= 1:
             raise ValueError(f"factor must be > 1 for a strict constraint; got {factor}.")
         gin, gout = self._scales()
-        gout.raise_log_variances_(float(gin.log_variance_range()[1]) + 2.0 * math.log(factor))
+        # a tensor floor: no read-back to the host on every training step
+        gout.raise_log_variances_(gin.log_variance_range()[1] + 2.0 * math.log(factor))
 
     @torch.no_grad()
     def after_step(self) -> None:

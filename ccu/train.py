@@ -7,10 +7,18 @@ get their own learning rate and no weight decay; learning rates x0.1 at the mile
     model = ccu.init_ccu(classifier, data.train_x, data.out_x, data.num_classes)
     trainer = ccu.Trainer(epochs=30, settings=ccu.train_settings("digits"))
     trainer.fit(model, data)
+
+The pipeline is device-resident (:class:`ccu.data.loaders.PairedLoader`): the data lives on the
+device, batches are gathered and augmented there, and the loss, accuracy and constraint gaps
+accumulate on the device and are read once per epoch, so a GPU never waits for the host within
+an epoch. Optional: ``precision="bf16"`` (autocast for the classifier only: the densities, the
+log-space mixing of eq. "loss1" and every certificate stay in float32/float64),
+``channels_last`` and ``compile`` (``torch.compile`` of the classifier).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +33,10 @@ from ccu.data.loaders import PairedLoader
 from ccu.losses import ccu_loss
 from ccu.model import CCU
 from ccu.results import CorruptResultError, write_torch
+from ccu.validation import check_finite, check_labels, trusted_inputs
+
+#: what ``Trainer(precision=...)`` accepts, and the autocast dtype of each
+PRECISIONS = {"float32": None, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -75,14 +87,22 @@ class Trainer:
         seed: int = 0,
         device: str = "cpu",
         progress: bool = True,
+        precision: str = "float32",
+        channels_last: bool = False,
+        compile: bool = False,
     ):
         if epochs < 1:
             raise ValueError(f"epochs must be >= 1; got {epochs}.")
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {list(PRECISIONS)}.")
         self.epochs = epochs
         self.settings = settings or TrainSettings()
         self.seed = seed
         self.device = torch.device(device)
         self.progress = progress
+        self.precision = precision
+        self.channels_last = channels_last
+        self.compile = compile
 
     def _optimizer(self, model: nn.Module):
         s = self.settings
@@ -120,6 +140,7 @@ class Trainer:
         is_ccu = isinstance(model, CCU)
         if objective is None:
             objective = ccu_objective if is_ccu else cross_entropy_objective
+        _check_data(data)
         loader = PairedLoader(
             data,
             self.settings.batch_size,
@@ -127,6 +148,7 @@ class Trainer:
             self.settings.augment,
             getattr(objective, "uses_out", False),
             self.device,
+            channels_last=self.channels_last,
         )
         torch.manual_seed(self.seed)
         if is_ccu:
@@ -141,28 +163,66 @@ class Trainer:
             initial=start,
             total=self.epochs,
         )
-        for epoch in bar:
-            tot_loss = tot_correct = tot_n = 0.0
-            for x, y, z in loader:
-                loss, logits = objective(model, x, y, z, epoch)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                if is_ccu:
-                    model.after_step()
-                    if model.has_scale_constraint:
-                        hist.constraint_gap.append(model.constraint_gap())
-                tot_loss += float(loss.detach()) * len(x)
-                tot_correct += float((logits.argmax(1) == y).sum())
-                tot_n += len(x)
-            sched.step()
-            hist.loss.append(tot_loss / tot_n)
-            hist.accuracy.append(tot_correct / tot_n)
-            bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
-            if checkpoint is not None:
-                self._save(Path(checkpoint), epoch + 1, model, opt, loader, hist)
+        with self._accelerated(model) as autocast, trusted_inputs():
+            for epoch in bar:
+                totals, gaps = self._epoch(model, loader, opt, objective, epoch, autocast)
+                sched.step()
+                hist.loss.append(totals[0] / totals[2])
+                hist.accuracy.append(totals[1] / totals[2])
+                hist.constraint_gap.extend(gaps)
+                bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
+                if checkpoint is not None:
+                    self._save(Path(checkpoint), epoch + 1, model, opt, loader, hist)
         model.eval()
         return hist
+
+    def _epoch(self, model, loader, opt, objective, epoch, autocast):
+        """One pass over the loader; returns ``([loss sum, correct, n], constraint gaps)``, read
+        from the device once."""
+        is_ccu = isinstance(model, CCU)
+        track_gap = is_ccu and model.has_scale_constraint
+        acc_dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        sums = torch.zeros(2, dtype=acc_dtype, device=self.device)  # loss x n, correct
+        gaps, n = [], 0
+        for x, y, z in loader:
+            with autocast:
+                loss, logits = objective(model, x, y, z, epoch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if is_ccu:
+                model.after_step()
+                if track_gap:
+                    gaps.append(model.constraint_gap_tensor())
+            with torch.no_grad():
+                correct = (logits.argmax(1) == y).sum()
+                sums += torch.stack([loss.detach().to(acc_dtype) * len(x), correct.to(acc_dtype)])
+            n += len(x)  # known on the host
+        loss_sum, correct = sums.tolist()  # the epoch's one read from the device
+        return [loss_sum, correct, n], (torch.stack(gaps).tolist() if gaps else [])
+
+    @contextlib.contextmanager
+    def _accelerated(self, model):
+        """Set up bf16 / channels_last / compile for the classifier; yields the autocast context
+        for the objective (a CCU model autocasts its classifier itself, never its densities)."""
+        dtype = PRECISIONS[self.precision]
+        classifier = model.classifier if isinstance(model, CCU) else model
+        if self.channels_last:
+            classifier.to(memory_format=torch.channels_last)
+        if self.compile:
+            classifier.compile()
+        if dtype is None:
+            yield contextlib.nullcontext()
+        elif isinstance(model, CCU):
+            model.classifier_autocast = dtype
+            try:
+                yield contextlib.nullcontext()
+            finally:
+                model.classifier_autocast = None
+        else:
+            yield torch.autocast(self.device.type, dtype=dtype)
+        if self.channels_last:
+            classifier.to(memory_format=torch.contiguous_format)
 
     def _save(self, path: Path, epoch, model, opt, loader, hist) -> None:
         state = {
@@ -172,6 +232,9 @@ class Trainer:
             "optimizer": opt.state_dict(),
             "loader": loader.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device)
+            if self.device.type == "cuda"
+            else None,
             "history": {k: list(v) for k, v in hist.__dict__.items()},
         }
         write_torch(path, state)  # atomic: a killed run never leaves a half-written checkpoint
@@ -191,10 +254,19 @@ class Trainer:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
-        torch.set_rng_state(state["torch_rng"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        if state.get("cuda_rng") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
         for _ in range(state["epoch"]):
             sched.last_epoch += 1  # the learning rates themselves come with the optimiser state
         return state["epoch"], History(**state["history"])
+
+
+def _check_data(data: Dataset) -> None:
+    """The training data is checked once here; the loop then trusts its batches."""
+    check_finite(data.train_x, f"{data.name} training inputs")
+    check_finite(data.out_x, f"{data.name} out-distribution inputs")
+    check_labels(data.train_y, data.num_classes, f"{data.name} training labels")
 
 
 @torch.no_grad()

@@ -41,6 +41,23 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
     return t if dtype is None else t.to(dtype)
 
 
+def inputs_trusted() -> bool:
+    """True inside :func:`trusted_inputs`."""
+    return _TRUSTED.get()
+
+
+def check_labels(y: torch.Tensor, num_classes: int, name: str = "labels") -> torch.Tensor:
+    """Raise ``ValueError`` unless ``y`` holds integer class indices in ``[0, num_classes)``."""
+    if y.is_floating_point() or y.dtype == torch.bool:
+        raise ValueError(f"{name} must be integer class indices; got dtype {y.dtype}.")
+    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise ValueError(
+            f"{name} must lie in [0, {num_classes - 1}]; got values from {int(y.min())} to "
+            f"{int(y.max())}."
+        )
+    return y
+
+
 def check_finite(x: torch.Tensor, name: str) -> torch.Tensor:
     """Raise ``ValueError`` if ``x`` holds NaN or infinite values."""
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):

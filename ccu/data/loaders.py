@@ -3,15 +3,22 @@
 Seeded, every in-sample once per epoch, and no out-sample dropped: the out-set is walked through
 shuffled permutations (the authors' code drops the first out-sample of every batch; this does
 not). In-batches are augmented with the paper's scheme (:mod:`ccu.data.augment`) when asked.
+
+The loader is device-resident: the training and out-sets are moved to the device once, each
+epoch's plan (the index orders, crop offsets and flips) is drawn up front from a seeded CPU
+generator and moved over in one copy, and every batch is gathered and augmented on the device.
+Nothing goes back to the host during an epoch, and the same seed gives the same batches on every
+device (the book's chapter *Training every method* uses it through :class:`ccu.Trainer`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
-from ccu.data.augment import augment as augment_batch
+from ccu.data.augment import crop_flip, crop_flip_params
 
 
 def paired_batches(n_in: int, n_out: int, batch_size: int, gen: torch.Generator):
@@ -20,23 +27,49 @@ def paired_batches(n_in: int, n_out: int, batch_size: int, gen: torch.Generator)
     Out-indices run through a shuffled permutation of the out-set and start a new one when it
     is used up, so no out-sample is skipped.
     """
+    plan_in, plan_out = epoch_indices(n_in, n_out, batch_size, gen)
+    for start in range(0, n_in, batch_size):
+        yield plan_in[start : start + batch_size], plan_out[start : start + batch_size]
+
+
+def epoch_indices(
+    n_in: int, n_out: int, batch_size: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One epoch's order: a permutation of the in-set, and ``n_in`` out-indices from successive
+    shuffled permutations of the out-set (empty when ``n_out`` is 0)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}.")
     perm_in = torch.randperm(n_in, generator=gen)
-    pool = torch.empty(0, dtype=torch.long)
-    for start in range(0, n_in, batch_size):
-        idx_in = perm_in[start : start + batch_size]
-        while n_out and len(pool) < len(idx_in):
-            pool = torch.cat([pool, torch.randperm(n_out, generator=gen)])
-        idx_out, pool = pool[: len(idx_in)], pool[len(idx_in) :]
-        yield idx_in, idx_out
+    if not n_out:
+        return perm_in, torch.empty(0, dtype=torch.long)
+    reps = -(-n_in // n_out)
+    perm_out = torch.cat([torch.randperm(n_out, generator=gen) for _ in range(reps)])
+    return perm_in, perm_out[:n_in]
+
+
+@dataclass
+class EpochPlan:
+    """Everything random about one epoch, on the device: in- and out-indices (n_in,), crop
+    offsets (n_in, 2) and flips (n_in,) (None without augmentation)."""
+
+    idx_in: torch.Tensor
+    idx_out: torch.Tensor
+    offsets: torch.Tensor | None
+    flips: torch.Tensor | None
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":  # pinned: the copy does not wait for the host
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 class PairedLoader:
-    """Epochs of ``(x_in, y_in, x_out)`` batches from a :class:`ccu.data.Dataset`.
+    """Epochs of ``(x_in, y_in, x_out)`` batches from a :class:`ccu.data.Dataset`, on ``device``.
 
     ``with_out=False`` gives empty out-batches (training without an out-distribution, e.g. Base).
-    The generator's state (``state_dict``) is what a checkpoint needs to resume mid-training.
+    ``channels_last`` returns image batches in that memory format (for convolutional networks
+    on a GPU). The generator's state (``state_dict``) is what a checkpoint needs to resume.
     """
 
     def __init__(
@@ -47,27 +80,62 @@ class PairedLoader:
         augment: bool = False,
         with_out: bool = True,
         device: str | torch.device = "cpu",
+        channels_last: bool = False,
     ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1; got {batch_size}.")
         self.data = data
         self.batch_size = batch_size
-        self.augment = augment
-        self.with_out = with_out
         self.device = torch.device(device)
+        # the whole sets live on the device (on the CPU .to() is free: no copy)
+        self.train_x = data.train_x.to(self.device)
+        self.train_y = data.train_y.to(self.device)
+        self.with_out = with_out and len(data.out_x) > 0
+        self.out_x = data.out_x.to(self.device) if self.with_out else data.out_x[:0].to(self.device)
+        is_image = self.train_x.ndim == 4
+        self.scheme = data.spec.augmentation if augment and is_image else None
+        if augment and is_image and self.scheme is None:
+            raise ValueError(
+                f"augment=True, but dataset {data.name!r} has no augmentation in its record."
+            )
+        self.memory_format = (
+            torch.channels_last if channels_last and is_image else torch.contiguous_format
+        )
         self.gen = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
-        return -(-len(self.data.train_x) // self.batch_size)
+        return -(-len(self.train_x) // self.batch_size)
+
+    def plan(self) -> EpochPlan:
+        """Draw the next epoch (advances the generator) and move it to the device."""
+        n_in = len(self.train_x)
+        n_out = len(self.out_x) if self.with_out else 0
+        idx_in, idx_out = epoch_indices(n_in, n_out, self.batch_size, self.gen)
+        offsets = flips = None
+        if self.scheme is not None:
+            offsets, flips = crop_flip_params(n_in, self.scheme, self.gen)
+            offsets, flips = _to_device(offsets, self.device), _to_device(flips, self.device)
+        return EpochPlan(
+            _to_device(idx_in, self.device), _to_device(idx_out, self.device), offsets, flips
+        )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        d = self.data
-        n_out = len(d.out_x) if self.with_out else 0
-        for idx_in, idx_out in paired_batches(len(d.train_x), n_out, self.batch_size, self.gen):
-            x = d.train_x[idx_in]
-            if self.augment:
-                seed = int(torch.randint(2**31, (1,), generator=self.gen))
-                x = augment_batch(x, d.spec.augmentation, seed)
-            z = d.out_x[idx_out] if n_out else d.out_x[:0]
-            yield x.to(self.device), d.train_y[idx_in].to(self.device), z.to(self.device)
+        p, b = self.plan(), self.batch_size
+        for start in range(0, len(self.train_x), b):
+            idx = p.idx_in[start : start + b]
+            x = self.train_x.index_select(0, idx)
+            if self.scheme is not None:
+                x = crop_flip(
+                    x, self.scheme, p.offsets[start : start + b], p.flips[start : start + b]
+                )
+            if self.with_out:
+                z = self.out_x.index_select(0, p.idx_out[start : start + b])
+            else:
+                z = self.out_x
+            if self.memory_format is torch.channels_last:
+                x = x.contiguous(memory_format=self.memory_format)
+                z = z.contiguous(memory_format=self.memory_format)
+            yield x, self.train_y.index_select(0, idx), z
 
     def state_dict(self) -> dict:
         return {"gen": self.gen.get_state()}
