@@ -206,23 +206,28 @@ class Trainer:
         """Set up bf16 / channels_last / compile for the classifier; yields the autocast context
         for the objective (a CCU model autocasts its classifier itself, never its densities)."""
         dtype = PRECISIONS[self.precision]
-        classifier = model.classifier if isinstance(model, CCU) else model
+        is_ccu = isinstance(model, CCU)
+        classifier = model.classifier if is_ccu else model
         if self.channels_last:
             classifier.to(memory_format=torch.channels_last)
         if self.compile:
             classifier.compile()
-        if dtype is None:
-            yield contextlib.nullcontext()
-        elif isinstance(model, CCU):
+        if dtype is not None and is_ccu:
             model.classifier_autocast = dtype
-            try:
-                yield contextlib.nullcontext()
-            finally:
+        plain_bf16 = dtype is not None and not is_ccu
+        try:
+            yield (
+                torch.autocast(self.device.type, dtype=dtype)
+                if plain_bf16
+                else contextlib.nullcontext()
+            )
+        finally:  # evaluation and certificates run eager, in float32, in the default format
+            if is_ccu:
                 model.classifier_autocast = None
-        else:
-            yield torch.autocast(self.device.type, dtype=dtype)
-        if self.channels_last:
-            classifier.to(memory_format=torch.contiguous_format)
+            if self.channels_last:
+                classifier.to(memory_format=torch.contiguous_format)
+            if self.compile:  # nn.Module.compile has no public undo; this is its one field
+                classifier._compiled_call_impl = None
 
     def _save(self, path: Path, epoch, model, opt, loader, hist) -> None:
         state = {

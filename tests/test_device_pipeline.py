@@ -244,3 +244,19 @@ def test_bad_training_data_is_refused_once_up_front():
     labels.train_y[0] = 10
     with pytest.raises(ValueError, match=r"training labels must lie in \[0, 9\]"):
         ccu.Trainer(1, progress=False).fit(clf, labels)
+
+
+def test_compile_trains_like_eager_and_is_undone():
+    """``torch.compile`` of the classifier (inductor on the CPU needs a C++ compiler, as in CI):
+    the same losses as eager, the same state-dict keys, and an eager module afterwards."""
+    data = _digits(200)
+    settings = ccu.train_settings("digits")
+    runs = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        clf = ccu.make_classifier("mlp", data.spec.shape, 10, hidden=16)
+        trainer = ccu.Trainer(2, settings, compile=compiled, progress=False)
+        runs[compiled] = (trainer.fit(clf, data).loss, clf)
+    assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-4)
+    assert list(runs[True][1].state_dict()) == list(runs[False][1].state_dict())
+    assert runs[True][1]._compiled_call_impl is None
