@@ -140,7 +140,7 @@ class Trainer:
         is_ccu = isinstance(model, CCU)
         if objective is None:
             objective = ccu_objective if is_ccu else cross_entropy_objective
-        _check_data(data)
+        check_training_data(data)
         loader = PairedLoader(
             data,
             self.settings.batch_size,
@@ -267,7 +267,7 @@ class Trainer:
         return state["epoch"], History(**state["history"])
 
 
-def _check_data(data: Dataset) -> None:
+def check_training_data(data: Dataset) -> None:
     """The training data is checked once here; the loop then trusts its batches."""
     check_finite(data.train_x, f"{data.name} training inputs")
     check_finite(data.out_x, f"{data.name} out-distribution inputs")

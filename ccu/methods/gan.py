@@ -19,7 +19,7 @@ from tqdm.std import tqdm
 from ccu.data.loaders import PairedLoader
 from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import BaseMethod, register_method
-from ccu.train import History, Trainer
+from ccu.train import History, Trainer, check_training_data
 
 
 def kl_uniform(logits: torch.Tensor) -> torch.Tensor:
@@ -100,10 +100,12 @@ class GANMethod(BaseMethod):
         )
         noise = torch.Generator().manual_seed(self.seed + 1)
         hist = History()
+        check_training_data(data)
         for _ in tqdm(range(self.profile.epochs), disable=not self.progress, desc="train GAN"):
-            tot = correct = n = 0.0
+            # sums on the device, read once per epoch (as ccu.Trainer does)
+            sums, n = torch.zeros(2, dtype=torch.float64, device=self.device), 0
             for x, y, _ in loader:
-                z = torch.randn(len(x), self.latent, generator=noise).to(x)
+                z = torch.randn(len(x), self.latent, generator=noise).to(x, non_blocking=True)
                 fake = gen(z)
                 # discriminator: real in-data vs generated
                 d_loss = F.binary_cross_entropy_with_logits(
@@ -127,9 +129,11 @@ class GANMethod(BaseMethod):
                 opt_c.zero_grad()
                 c_loss.backward()
                 opt_c.step()
-                tot += float(c_loss) * len(x)
-                correct += float((logits.argmax(1) == y).sum())
+                with torch.no_grad():
+                    correct = (logits.argmax(1) == y).sum().double()
+                    sums += torch.stack([c_loss.detach().double() * len(x), correct])
                 n += len(x)
+            tot, correct = sums.tolist()
             hist.loss.append(tot / n)
             hist.accuracy.append(correct / n)
         m.eval()
