@@ -241,13 +241,46 @@ def bench_network(kind: str, args, device) -> dict:
             row["host_syncs_per_epoch"] = count_syncs(model, data, settings, device)
         out[method] = row
         print(kind, method, json.dumps(row), flush=True)
+    # a CCU step sees 128 in + 128 out images, a Base step 128: both ratios are reported
     out["ccu_over_base_step"] = out["CCU"]["new_epoch_s"] / out["Base"]["new_epoch_s"]
+    out["ccu_over_base_per_image"] = out["ccu_over_base_step"] / 2
     if args.seeds:
         model = build(kind, data, "CCU", args.fit_points, device).eval()
         seeds = ccu.data.uniform_noise(args.seeds, data.spec.shape, 1000)
         out["attack"] = bench_attack(model, seeds, args.restarts, args.attack_steps, device)
         print(kind, "attack", json.dumps(out["attack"]), flush=True)
     return out
+
+
+def summary(result: dict) -> list[str]:
+    """The measured numbers against the issue's targets (the targets are for an H200)."""
+    lines = [f"device: {result['device']}"]
+    for kind, epoch_target in (("lenet", 2.0), ("resnet18", 10.0)):
+        r = result.get(kind)
+        if r is None:
+            continue
+        ccu_row = r["CCU"]
+        lines.append(
+            f"{kind}: CCU epoch {ccu_row['new_epoch_s']:.2f} s over {r['n_in']} images "
+            f"(H200 target <= {epoch_target:g} s at full size), "
+            f"{ccu_row['new_images_per_s']:.0f} images/s"
+        )
+        if "speedup" in ccu_row:
+            lines.append(
+                f"{kind}: new / old pipeline speed-up: CCU {ccu_row['speedup']:.2f}x, Base "
+                f"{r['Base']['speedup']:.2f}x (target >= 5x for ResNet18 on an H200)"
+            )
+        lines.append(
+            f"{kind}: CCU step / Base step {r['ccu_over_base_step']:.2f} (per image "
+            f"{r['ccu_over_base_per_image']:.2f}; target <= 1.2)"
+        )
+        if "attack" in r:
+            a = r["attack"]
+            lines.append(
+                f"{kind}: attack {a['seeds']} x {a['restarts']} x {a['steps']} in "
+                f"{a['seconds']:.1f} s (target for 200 x 50 x 500 on ResNet18: <= 300 s)"
+            )
+    return lines
 
 
 def main(argv=None):
@@ -290,6 +323,8 @@ def main(argv=None):
             args.n_train = min(args.n_train, 1000)
         result[kind] = bench_network(kind, args, device)
     print(json.dumps(result, indent=2))
+    for line in summary(result):
+        print(line)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
