@@ -9,6 +9,7 @@ Per network (LeNet on MNIST-sized data, 60,000 in + 60,000 out; ResNet18 on CIFA
 * the **new** pipeline (:class:`ccu.Trainer`): data on the device, batched crop/flip from a seeded
   plan, accumulation on the device read once per epoch;
 * optionally the new pipeline with ``--precision bf16``, ``--channels-last``, ``--compile``;
+* the input pipeline alone (one epoch of batches, no training), old and new;
 * images/s (in-distribution images per second), the CCU/Base step ratio;
 * one full attack (``--seeds`` x ``--restarts`` x ``--steps``, the paper: 200 x 50 x 500) on the
   CCU model, with the attack's own batching (:func:`ccu.ball_attack`).
@@ -45,7 +46,7 @@ import torch.nn.functional as F
 import ccu
 from ccu.data import Dataset, get_spec
 from ccu.data.augment import augmentation
-from ccu.data.loaders import paired_batches
+from ccu.data.loaders import PairedLoader, paired_batches
 from ccu.model import CCU
 
 NETWORKS = {  # network: (dataset record for shape/augmentation/settings, in-set size)
@@ -165,6 +166,21 @@ def old_epoch_times(model, data, settings, device, epochs) -> list[float]:
     return times[1:]
 
 
+def loader_seconds(data, settings, device, old: bool) -> float:
+    """One epoch of batches alone (no training): the input pipeline's own cost."""
+    gen = torch.Generator().manual_seed(0)
+    if old:
+        batches = _old_batches(data, settings.batch_size, True, gen, device)
+    else:
+        batches = PairedLoader(data, settings.batch_size, 0, True, True, device)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in batches:
+        pass
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def count_syncs(model, data, settings, device) -> int:
     """Host syncs in one new-pipeline epoch (CUDA's sync debug mode), setup excluded."""
     epoch = ccu.Trainer._epoch
@@ -213,6 +229,10 @@ def bench_network(kind: str, args, device) -> dict:
     settings = replace(ccu.train_settings(dataset), augment=True)
     steps = -(-n // settings.batch_size)
     out = {"dataset_shape": dataset, "n_in": n, "n_out": n, "steps_per_epoch": steps}
+    out["loader_epoch_s"] = {"new": loader_seconds(data, settings, device, False)}
+    if not args.skip_old:
+        out["loader_epoch_s"]["old"] = loader_seconds(data, settings, device, True)
+        out["loader_speedup"] = out["loader_epoch_s"]["old"] / out["loader_epoch_s"]["new"]
     variants = [("new", {})]
     if args.precision == "bf16":
         variants.append(("new_bf16", {"precision": "bf16"}))
@@ -269,6 +289,12 @@ def summary(result: dict) -> list[str]:
             lines.append(
                 f"{kind}: new / old pipeline speed-up: CCU {ccu_row['speedup']:.2f}x, Base "
                 f"{r['Base']['speedup']:.2f}x (target >= 5x for ResNet18 on an H200)"
+            )
+        if "loader_speedup" in r:
+            lo = r["loader_epoch_s"]
+            lines.append(
+                f"{kind}: input pipeline alone: old {lo['old']:.2f} s, new {lo['new']:.3f} s per "
+                f"epoch ({r['loader_speedup']:.1f}x)"
             )
         lines.append(
             f"{kind}: CCU step / Base step {r['ccu_over_base_step']:.2f} (per image "
