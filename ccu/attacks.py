@@ -152,6 +152,10 @@ def memory_model(peak_small: float, peak_large: float, small: int, large: int):
     return per_input, max(float(peak_large) - large * per_input, 0.0)
 
 
+def _on_cuda(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"
+
+
 def _peak_bytes(fn, z: torch.Tensor) -> int:
     """Peak CUDA memory allocated while ``fn(z)`` runs, above what was allocated before."""
     dev = z.device
@@ -181,7 +185,7 @@ def probe_batch_size(
     allocate, e.g. the attack's state). The probe resets the device's peak-memory statistics
     and runs under a forked RNG, so a stochastic ``fn`` (MCD's dropout) draws the same numbers
     afterwards as without it."""
-    if example.device.type != "cuda":
+    if not _on_cuda(example):
         return max(1, min(total, cpu_default))
     small, large = PROBE_SIZES
     dev = example.device
@@ -288,13 +292,8 @@ def ball_attack(
         def evaluate(z):
             if z.shape[0] <= chunk:
                 return _score_and_grad(score_fn, z, shape)
-            s_out = torch.empty(z.shape[0], dtype=z.dtype, device=z.device)
-            g_out = torch.empty_like(z)
-            for a in range(0, z.shape[0], chunk):
-                s_out[a : a + chunk], g_out[a : a + chunk] = _score_and_grad(
-                    score_fn, z[a : a + chunk], shape
-                )
-            return s_out, g_out
+            parts = [_score_and_grad(score_fn, c, shape) for c in z.split(chunk)]
+            return torch.cat([s for s, _ in parts]), torch.cat([g for _, g in parts])
 
         score, grad = evaluate(x)
         step = torch.full((n * R,), float(step_size), dtype=seeds.dtype, device=seeds.device)

@@ -5,6 +5,8 @@ input does not depend on the batch size, to the last bits for networks (BLAS pic
 batch size). The GPU's memory probe is exercised through its arithmetic (no GPU in CI).
 """
 
+import contextlib
+
 import pytest
 import torch
 from helpers import floored_metric, random_ccu, random_metric
@@ -85,6 +87,13 @@ def test_chunks_never_exceed_the_batch_size():
     assert max(sizes) == 4 and sum(sizes) == 3 * 15  # 15 iterates at the start and per step
     with pytest.raises(ValueError, match="batch_size"):
         ccu.ball_attack(score, torch.rand(5, 4), 0.3, metric, batch_size=0)
+    x0 = torch.rand(5, 4, generator=torch.Generator().manual_seed(0))
+    double = [  # a float64 score of float32 points keeps its dtype in chunks
+        ccu.ball_attack(lambda x: x.double().sum(1), x0, 0.3, metric, steps=3, batch_size=bs)
+        for bs in (None, 4)
+    ]
+    assert double[1].score.dtype == torch.float64
+    _equal(*double)
 
 
 def test_batch_size_arithmetic():
@@ -114,6 +123,34 @@ def test_cpu_batch_size_needs_no_probe():
     assert attacks.attack_batch_size(score, example, 10_000) == attacks.CPU_ATTACK_BATCH
     assert attacks.attack_batch_size(score, example, 300) == 300
     assert attacks.probe_batch_size(score, example, 10, cpu_default=4) == 4
+
+
+def test_gpu_probe_path_with_a_simulated_device(monkeypatch):
+    """The CUDA branch with the device's memory calls replaced: probes of 16 and 32 inputs
+    peaking at 8 MiB + 2 MiB per input; 900 MiB free and 100 MiB cached by the allocator."""
+    mib = 2**20
+    probed = []
+
+    def fake_peak(fn, z):
+        fn(z)  # the score and its gradient really run on the probe
+        probed.append(tuple(z.shape))
+        return 8 * mib + 2 * mib * len(z)
+
+    monkeypatch.setattr(attacks, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(attacks, "_peak_bytes", fake_peak)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (900 * mib, 2**40))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 150 * mib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 50 * mib)
+    monkeypatch.setattr(torch.random, "fork_rng", lambda *a, **k: contextlib.nullcontext())
+    example = torch.rand(3, 1, 4, 4)
+    score = ccu.confidence_score(lambda z: torch.log_softmax(z.flatten(1)[:, :5], 1))
+    # (0.5 * 1000 MiB - 8 MiB) / 2 MiB = 246 -> 192 (a multiple of 64)
+    assert attacks.attack_batch_size(score, example, 10_000, reserve_bytes=0) == 192
+    assert probed == [(16, 16), (32, 16)]  # flat copies of the example
+    assert attacks.attack_batch_size(score, example, 100, reserve_bytes=0) == 100
+    # the attack's state is reserved by default: 12 x 2 10^5 iterates x 64 B = 146.5 MiB less,
+    # (500 - 8 - 146.5) / 2 = 172 -> 128
+    assert attacks.attack_batch_size(score, example, 200_000) == 128
 
 
 # ----------------------------------------------------------------------------- methods

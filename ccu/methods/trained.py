@@ -134,9 +134,10 @@ class MCDMethod(BaseMethod):
     """Monte-Carlo dropout (Gal & Ghahramani 2016): dropout 0.5 at train and test time, 7 passes.
 
     Prediction: the mean softmax. Score: minus the summed variance of the softmax over the
-    passes (higher = more in-distribution). The paper uses VGG13 (profile ``vgg_methods``; the
-    ``paper`` profile sets it); the other profiles keep the dataset's network, with dropout before
-    its last layers.
+    passes (higher = more in-distribution). The passes are one forward over seven copies of the
+    batch; :meth:`log_probs_and_score` takes both outputs from the same passes. The paper uses
+    VGG13 (profile ``vgg_methods``; the ``paper`` profile sets it); the other profiles keep the
+    dataset's network, with dropout before its last layers.
     """
 
     name = "MCD"
