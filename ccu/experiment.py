@@ -164,16 +164,17 @@ def _cuda_devices(method) -> list:
     return [method.device] if method.device.type == "cuda" else []
 
 
-def attack_method(method, seeds, radii, metric, steps, restarts, seed=0):
+def attack_method(method, seeds, radii, metric, steps, restarts, seed=0, batch_size=None):
     """The adversarial-noise attack on one method: PGD in each ball on ``method.score``.
 
     ``radii`` are the certified radii (float64, no NaN): the attack's points lie exactly inside
     those balls. If the method offers an ``attack_surrogate`` (a smoother function, e.g. the score
     without a signed-gradient pre-processing), the balls are attacked on it too and, per seed, the
     point with the higher *true* score is kept. Stochastic scores draw from a generator seeded
-    with ``seed``. Returns the ``AttackResult`` (scores are true scores) and the number of seeds
-    the surrogate won."""
-    attack = dict(metric=metric, steps=steps, restarts=restarts, seed=seed)
+    with ``seed``. ``batch_size``: iterates per score evaluation (``None``: sized to the device,
+    :func:`ccu.attacks.attack_batch_size`; the chapter *Adversarial noise*). Returns the
+    ``AttackResult`` (scores are true scores) and the number of seeds the surrogate won."""
+    attack = dict(metric=metric, steps=steps, restarts=restarts, seed=seed, batch_size=batch_size)
     x0, rad = seeds.to(method.device), radii.to(method.device, torch.float64)
     with torch.random.fork_rng(devices=_cuda_devices(method)):
         torch.manual_seed(seed)
@@ -182,7 +183,9 @@ def attack_method(method, seeds, radii, metric, steps, restarts, seed=0):
         if surrogate is None:
             return res, 0
         alt = ccu.ball_attack(surrogate, x0, rad, **attack)
-        alt_score = torch.cat([method.score(b).detach() for b in alt.x.split(500)])
+        judge = batch_size or ccu.attacks.attack_batch_size(method.score, alt.x[:1], len(alt.x))
+        with torch.no_grad():  # the pre-processing's own gradient is enabled inside the score
+            alt_score = torch.cat([method.score(b) for b in alt.x.split(judge)])
     take = alt_score > res.score
     res = AttackResult(
         torch.where(take.view(-1, *[1] * (alt.x.ndim - 1)), alt.x, res.x),
@@ -260,8 +263,11 @@ def _digest(*parts) -> str:
     return h.hexdigest()
 
 
-def _attack_one(name, run, seeds, radii, model_metric, prof, seed, key, directory):
-    """One method's attack, or its saved result when the same attack already finished."""
+def _attack_one(
+    name, run, seeds, radii, model_metric, prof, seed, key, directory, attack_batch=None
+):
+    """One method's attack, or its saved result when the same attack already finished (the
+    chunking, ``attack_batch``, is not part of the key: it does not change the attack)."""
     meta, arrays = directory / f"attack.{name}.json", directory / f"attack.{name}.npz"
     if meta.exists():
         saved = store.read_json(meta)
@@ -277,8 +283,9 @@ def _attack_one(name, run, seeds, radii, model_metric, prof, seed, key, director
     start = time.perf_counter()
     if len(seeds):
         res, won = attack_method(
-            m, seeds, radii, model_metric, prof.attack_steps, prof.attack_restarts, seed
-        )
+            m, seeds, radii, model_metric, prof.attack_steps, prof.attack_restarts, seed,
+            batch_size=attack_batch,
+        )  # fmt: skip
         worst = res.score.detach().cpu().double().numpy()
         worst_x = res.x.detach().cpu().numpy()
         ratio = torch.where(radii > 0, res.distance.cpu() / radii.clamp_min(1e-300), 0.0)
@@ -342,6 +349,7 @@ def adversarial_noise(
     seed: int = 0,
     root=None,
     level: float = 1.1,
+    attack_batch: int | None = None,
 ) -> AdversarialResult:
     """Table 1: certify balls around uniform noise with CCU, attack every method inside them.
 
@@ -354,7 +362,10 @@ def adversarial_noise(
     TE, SR, AUC (strict: ties are failures), the worst scores and points. The certified AUC
     counts uncertified seeds as failures (no guarantee there). CCU's worst points are judged by
     the float64 model (:func:`ccu.check_certificate`). Methods attacked before a kill are not
-    attacked again. Saves ``table1.json`` and ``adversarial.npz`` and returns what they hold.
+    attacked again. ``attack_batch``: iterates per score evaluation of the attack (``None``:
+    sized to the device's free memory, :func:`ccu.attacks.attack_batch_size`; the paper's 200
+    seeds x 50 restarts run in a few chunks on a GPU). Saves ``table1.json`` and
+    ``adversarial.npz`` and returns what they hold.
     """
     certifying = [n for n, r in runs.items() if r.method.certifier() is not None]
     if not certifying:
@@ -400,8 +411,9 @@ def adversarial_noise(
                 prof.attack_steps, prof.attack_restarts, seed,
             )  # fmt: skip
             per_method[name], worst_x[name], worst_score[name] = _attack_one(
-                name, run, seeds[ok], radii[ok], model.metric, prof, seed, key, directory
-            )
+                name, run, seeds[ok], radii[ok], model.metric, prof, seed, key, directory,
+                attack_batch,
+            )  # fmt: skip
         for name in certifying:  # each certificate over these balls, judged in float64
             per_method[name]["certificate"] = _own_certificate(
                 runs[name].method.certifier(), worst_x[name], seeds, radii, ok, level,

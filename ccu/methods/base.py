@@ -7,12 +7,19 @@ import os
 import torch
 from torch import nn
 
+from ccu.attacks import probe_batch_size
 from ccu.config import Profile, TrainSettings
 from ccu.nets import make_classifier
 from ccu.train import History, Trainer
 
 #: every method by its name in the paper's tables, filled by :func:`register_method`
 METHODS: dict[str, type] = {}
+
+#: :meth:`Method.evaluate`'s chunk on the CPU, and its cap on a GPU
+EVAL_BATCH_CPU = 1000
+EVAL_BATCH_CUDA = 16384
+#: inputs of the set that the GPU's memory probe copies from
+PROBE_INPUTS = 4
 
 
 def register_method(cls):
@@ -29,7 +36,9 @@ class Method:
     Subclasses set ``name`` and implement :meth:`build` (from data) and :meth:`skeleton` (empty,
     for loading), and may override :meth:`fit` and :meth:`log_probs`. ``score`` is
     differentiable and higher means more in-distribution; by default it is the log of the
-    maximal predicted probability.
+    maximal predicted probability. :meth:`log_probs_and_score` gives both from one pass (a
+    method whose two outputs share work, like MCD's dropout passes, overrides it);
+    :meth:`evaluate` scores whole sets with it.
     """
 
     name = "?"
@@ -105,21 +114,55 @@ class Method:
         (see ``ccu.experiment.adversarial_noise``, chapter "Adversarial noise")."""
         return None
 
+    def log_probs_and_score(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log_probs(x), score(x))`` from one pass where the method allows it.
+
+        Default: one :meth:`log_probs` call; the score is its maximum unless the subclass
+        overrides :meth:`score`, which is then called as well. Same numbers as the two calls."""
+        lp = self.log_probs(x)
+        if type(self).score is Method.score:
+            return lp, lp.max(dim=1).values
+        return lp, self.score(x)
+
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.log_probs(x).argmax(dim=1)
 
+    def eval_batch_size(self, x: torch.Tensor) -> int:
+        """Inputs per :meth:`evaluate` chunk: 1000 on the CPU; on a GPU the chunk that fits in
+        half of the free memory, measured on two small chunks like the attack's
+        (:func:`ccu.attacks.probe_batch_size`; up to :data:`EVAL_BATCH_CUDA`)."""
+        if self.device.type != "cuda" or len(x) == 0:
+            return EVAL_BATCH_CPU
+        example = x[:PROBE_INPUTS].to(self.device)
+        with torch.no_grad():
+            return probe_batch_size(self.log_probs_and_score, example, min(len(x), EVAL_BATCH_CUDA))
+
     @torch.no_grad()
-    def evaluate(self, x: torch.Tensor, batch_size: int = 1000) -> dict[str, torch.Tensor]:
-        """Scores, confidences and predictions for a whole set, in batches (no gradients)."""
+    def evaluate(self, x: torch.Tensor, batch_size: int | None = None) -> dict[str, torch.Tensor]:
+        """Scores, confidences and predictions for a whole set, in chunks (no gradients).
+
+        One :meth:`log_probs_and_score` pass per chunk; each chunk is moved to the method's
+        device as it is needed (``x`` may stay on the CPU) and the results come back to the CPU
+        once at the end. ``batch_size=None``: :meth:`eval_batch_size`."""
         self._require_model().eval()
+        if batch_size is None:
+            batch_size = self.eval_batch_size(x)
+        elif isinstance(batch_size, bool) or int(batch_size) < 1:
+            raise ValueError(f"batch_size must be a positive integer or None; got {batch_size!r}.")
         out = {"score": [], "confidence": [], "prediction": []}
-        for start in range(0, len(x), batch_size):
-            xb = x[start : start + batch_size].to(self.device)
-            lp = self.log_probs(xb)
-            out["score"].append(self.score(xb).cpu())
-            out["confidence"].append(lp.max(dim=1).values.exp().cpu())
-            out["prediction"].append(lp.argmax(dim=1).cpu())
-        return {k: torch.cat(v) for k, v in out.items()}
+        for start in range(0, len(x), int(batch_size)):
+            xb = x[start : start + int(batch_size)].to(self.device, non_blocking=True)
+            lp, score = self.log_probs_and_score(xb)
+            out["score"].append(score)
+            out["confidence"].append(lp.max(dim=1).values.exp())
+            out["prediction"].append(lp.argmax(dim=1))
+        if not out["score"]:  # an empty set
+            return {
+                "score": torch.zeros(0),
+                "confidence": torch.zeros(0),
+                "prediction": torch.zeros(0, dtype=torch.long),
+            }
+        return {k: torch.cat(v).cpu() for k, v in out.items()}  # one read-back per set
 
     # -- persistence
     def state_dict(self) -> dict:

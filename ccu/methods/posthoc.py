@@ -110,6 +110,12 @@ class ODINMethod(_PostHoc):
     def score(self, x):
         return self._score(x, self.temperature, self.eps)
 
+    def log_probs_and_score(self, x):
+        """One pre-processing for both: the score is the maximum of the tempered log-softmax of
+        the pre-processed input (what :meth:`score` computes)."""
+        lp = self.log_probs(x)
+        return lp, lp.max(1).values
+
     def attack_surrogate(self):
         return lambda x: self._log_conf(x, self.temperature)
 

@@ -45,7 +45,10 @@ def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
-    start = z + eps * (2 * torch.rand(z.shape, generator=gen) - 1).to(z)
+    # the start is drawn on the CPU (the same on every device) and moved once; the steps below
+    # read nothing back from the device
+    noise = (2 * torch.rand(z.shape, generator=gen) - 1).to(z, non_blocking=True)
+    start = z + eps * noise
     x = start.clamp(*box) if box else start
 
     def conf(t):
@@ -131,9 +134,10 @@ class MCDMethod(BaseMethod):
     """Monte-Carlo dropout (Gal & Ghahramani 2016): dropout 0.5 at train and test time, 7 passes.
 
     Prediction: the mean softmax. Score: minus the summed variance of the softmax over the
-    passes (higher = more in-distribution). The paper uses VGG13 (profile ``vgg_methods``; the
-    ``paper`` profile sets it); the other profiles keep the dataset's network, with dropout before
-    its last layers.
+    passes (higher = more in-distribution). The passes are one forward over seven copies of the
+    batch; :meth:`log_probs_and_score` takes both outputs from the same passes. The paper uses
+    VGG13 (profile ``vgg_methods``; the ``paper`` profile sets it); the other profiles keep the
+    dataset's network, with dropout before its last layers.
     """
 
     name = "MCD"
@@ -145,22 +149,39 @@ class MCDMethod(BaseMethod):
         return super()._classifier(dropout=self.dropout, **kwargs)
 
     def _passes(self, x):
+        """Softmax outputs of the ``passes`` dropout passes, (passes, N, M), from ONE forward
+        pass over the input repeated ``passes`` times (each copy draws its own dropout masks;
+        batch-norm layers keep their mode, so every copy is normalised alike)."""
         model = self._require_model()
         drops = [m for m in model.modules() if isinstance(m, nn.Dropout)]
         states = [m.training for m in drops]
         for m in drops:
             m.train()  # dropout on; batch-norm layers keep their mode
         try:
-            return torch.stack([torch.softmax(model(x), 1) for _ in range(self.passes)])
+            stacked = x.expand(self.passes, *x.shape).reshape(-1, *x.shape[1:])
+            return torch.softmax(model(stacked), 1).view(self.passes, x.shape[0], -1)
         finally:
             for m, s in zip(drops, states, strict=True):
                 m.train(s)
 
+    @staticmethod
+    def _log_mean(passes):
+        return passes.mean(0).clamp_min(1e-30).log()
+
+    @staticmethod
+    def _minus_variance(passes):
+        return -passes.var(0).sum(1)
+
     def log_probs(self, x):
-        return self._passes(x).mean(0).clamp_min(1e-30).log()
+        return self._log_mean(self._passes(x))
 
     def score(self, x):
-        return -self._passes(x).var(0).sum(1)
+        return self._minus_variance(self._passes(x))
+
+    def log_probs_and_score(self, x):
+        """Mean log-probabilities and the variance score from the same seven passes."""
+        passes = self._passes(x)
+        return self._log_mean(passes), self._minus_variance(passes)
 
 
 # ----------------------------------------------------------------------------- EDL
@@ -275,5 +296,9 @@ class DEMethod(BaseMethod):
         return hist
 
     def log_probs(self, x):
+        # One member after the other, each on the whole chunk: on a GPU every member's kernels
+        # are already as wide as the chunk, so batching the members (torch.func.vmap over
+        # stacked weights) would save only launch overhead, at the price of a second code path
+        # for the members' batch-norm buffers. The (members, N, M) stack is small.
         probs = torch.stack([torch.softmax(m(x), 1) for m in self._require_model()]).mean(0)
         return probs.clamp_min(1e-30).log()
