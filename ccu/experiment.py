@@ -70,11 +70,16 @@ def run_method(
     retrain: bool = False,
     root=None,
     ood_seed: int = 1,
+    precision: str = "float32",
+    channels_last: bool = False,
+    compile: bool = False,
 ) -> RunResult:
     """Train ``method`` on ``dataset`` (or load the saved run) and score the test and OOD sets.
 
     ``profile`` is a profile name or a :class:`ccu.Profile` (e.g. ``get_profile("smoke", epochs=3)``);
     a saved run is reused only when its recorded config (profile fields included) is the same.
+    ``precision`` (``"bf16"``: the classifier under bfloat16 autocast while training; part of
+    the config), ``channels_last`` and ``compile`` are :class:`ccu.Trainer`'s speed options.
     The run holds the lock of its directory: a second process asking for the same run waits and
     then loads it. A corrupt result file raises :class:`ccu.results.CorruptResultError`.
     """
@@ -83,11 +88,14 @@ def run_method(
     if data is None:
         data = load_dataset(dataset, seed=seed).subset(prof.n_train)
     cls = get_method(method)
-    m = cls(data.spec, settings, prof, seed=seed, device=device)
+    options = dict(precision=precision, channels_last=channels_last, compile=compile)
+    m = cls(data.spec, settings, prof, seed=seed, device=device, **options)
     files = store.MethodStore(store.method_dir(prof.name, dataset, method, root, seed))
     config = dict(
         _config(dataset, method, prof, settings, seed, data),
         network=m.network_kind(),
+        precision=m.trainer_options["precision"],
+        trainer_options=m.trainer_options,
         **m.extra_config(),
     )
     with store.locked(files.directory, f"{method} on {dataset}"):
@@ -108,8 +116,9 @@ def run_method(
         start = time.perf_counter()
         if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
             base = run_method(
-                dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed
-            )
+                dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed,
+                **options,
+            )  # fmt: skip
             m.build_from_base(base.method, data)
         else:
             m.build(data)

@@ -60,7 +60,10 @@ CONFIG_KEYS = (
     "data_checksum",
     "out_distribution",
     "ccu_version",
+    "precision",
 )
+#: the value a key has in configs written before it existed
+CONFIG_DEFAULTS = {"precision": "float32"}
 
 
 class CorruptResultError(ValueError):
@@ -164,7 +167,8 @@ def read_torch(path: Path, map_location=None):
 
 def config_key(config: dict) -> str:
     """A stable digest of the fields of ``config`` that decide whether a saved run fits."""
-    text = json.dumps({k: config.get(k) for k in CONFIG_KEYS}, sort_keys=True, default=str)
+    fields = {k: config.get(k, CONFIG_DEFAULTS.get(k)) for k in CONFIG_KEYS}
+    text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -260,3 +260,30 @@ def test_compile_trains_like_eager_and_is_undone():
     assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-4)
     assert list(runs[True][1].state_dict()) == list(runs[False][1].state_dict())
     assert runs[True][1]._compiled_call_impl is None
+
+
+def test_run_method_records_the_precision_and_does_not_mix_them(tmp_path):
+    from ccu.experiment import run_method
+
+    prof = ccu.get_profile("smoke", epochs=1, n_train=200)
+    bf16 = run_method("digits", "Base", prof, root=tmp_path, precision="bf16")
+    assert bf16.config["precision"] == "bf16" and not bf16.loaded
+    assert bf16.config["trainer_options"] == {
+        "precision": "bf16",
+        "channels_last": False,
+        "compile": False,
+    }
+    again = run_method("digits", "Base", prof, root=tmp_path, precision="bf16")
+    assert again.loaded
+    fp32 = run_method("digits", "Base", prof, root=tmp_path)  # a bf16 run is not reused
+    assert not fp32.loaded and fp32.config["precision"] == "float32"
+    from ccu.methods import get_method
+
+    spec, settings = load_dataset("digits").spec, ccu.train_settings("digits")
+    assert get_method("GAN")(spec, settings, prof, precision="bf16").trainer_options == {
+        "precision": "float32",
+        "channels_last": False,
+        "compile": False,
+    }  # GAN has its own loop
+    with pytest.raises(ValueError, match="unknown precision 'half'"):
+        get_method("Base")(spec, settings, prof, precision="half")

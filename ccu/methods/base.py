@@ -10,7 +10,7 @@ from torch import nn
 from ccu.attacks import probe_batch_size
 from ccu.config import Profile, TrainSettings
 from ccu.nets import make_classifier
-from ccu.train import History, Trainer
+from ccu.train import PRECISIONS, History, Trainer
 
 #: every method by its name in the paper's tables, filled by :func:`register_method`
 METHODS: dict[str, type] = {}
@@ -45,12 +45,34 @@ class Method:
     needs_base = False  # True: built from a trained Base (ODIN, Maha) with build_from_base()
     paper_network: str | None = None  # the paper's network for this method (MCD, GAN: VGG13)
 
-    def __init__(self, spec, settings: TrainSettings, profile: Profile, seed=0, device="cpu"):
+    #: trains with :class:`ccu.Trainer`, so ``precision``, ``channels_last`` and ``compile`` apply
+    #: (GAN has its own loop and trains in float32)
+    uses_trainer = True
+
+    def __init__(
+        self,
+        spec,
+        settings: TrainSettings,
+        profile: Profile,
+        seed=0,
+        device="cpu",
+        precision: str = "float32",
+        channels_last: bool = False,
+        compile: bool = False,
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {list(PRECISIONS)}.")
         self.spec = spec
         self.settings = settings
         self.profile = profile
         self.seed = seed
         self.device = torch.device(device)
+        #: options of :class:`ccu.Trainer` (speed; ``bf16`` runs the classifier in bfloat16)
+        self.trainer_options = {
+            "precision": precision if self.uses_trainer else "float32",
+            "channels_last": channels_last and self.uses_trainer,
+            "compile": compile and self.uses_trainer,
+        }
         self.model: nn.Module | None = None
         # progress bars (tqdm); CCU_PROGRESS=0 turns them off, e.g. for logs of long runs
         self.progress = os.environ.get("CCU_PROGRESS", "1") != "0"
@@ -87,9 +109,20 @@ class Method:
 
     # -- training
     def fit(self, data, checkpoint=None) -> History:
-        trainer = Trainer(self.profile.epochs, self.settings, self.seed, self.device, self.progress)
-        return trainer.fit(
+        return self.trainer().fit(
             self._require_model(), data, checkpoint=checkpoint, objective=self.objective()
+        )
+
+    def trainer(self, seed: int | None = None) -> Trainer:
+        """The :class:`ccu.Trainer` of this method's profile, settings and trainer options."""
+        seed = self.seed if seed is None else seed
+        return Trainer(
+            self.profile.epochs,
+            self.settings,
+            seed,
+            self.device,
+            self.progress,
+            **self.trainer_options,
         )
 
     def objective(self):

@@ -66,6 +66,7 @@ class GANMethod(BaseMethod):
 
     name = "GAN"
     paper_network = "vgg13"
+    uses_trainer = False  # its own three-network loop, in float32
     latent = 64
     beta = 1.0
 

@@ -13,7 +13,7 @@ from torch import nn
 from ccu.data.ood import uniform_noise
 from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import BaseMethod, register_method
-from ccu.train import History, Objective, Trainer
+from ccu.train import History, Objective
 
 
 # ----------------------------------------------------------------------------- OE / ACET
@@ -283,9 +283,7 @@ class DEMethod(BaseMethod):
     def fit(self, data, checkpoint=None) -> History:
         hist = History()
         for i, member in enumerate(self._require_model()):
-            trainer = Trainer(
-                self.profile.epochs, self.settings, self.seed * 1000 + i, self.device, self.progress
-            )
+            trainer = self.trainer(seed=self.seed * 1000 + i)
             ckpt = (
                 None if checkpoint is None else checkpoint.with_name(f"member{i}.{checkpoint.name}")
             )
