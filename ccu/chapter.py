@@ -111,13 +111,13 @@ def run_caption(dataset: str, prof: Profile, seed: int, device: str = "cpu") -> 
 
 
 def reference_caption(dataset: str, ref: dict) -> str:
-    """Names a committed reference run: dataset, profile, seed, device and commit."""
+    """Names a committed reference run: dataset, profile, seed, device, commit and version."""
     cfg = next(iter(ref["config"].values()))
     commit = str(cfg.get("commit") or "?")[:10]
     device = ref.get("table1", {}).get("device_name") or cfg.get("device", "?")
     return (
         f"{dataset}, reference run of profile {cfg['profile']['name']}, seed {cfg['seed']}, "
-        f"{device}, commit {commit}"
+        f"{device}, commit {commit}, ccu {cfg.get('ccu_version', '?')}"
     )
 
 

@@ -62,6 +62,16 @@ CONFIG_KEYS = (
     "ccu_version",
     "precision",
 )
+#: Earlier library versions whose results follow the same protocol as this one (networks,
+#: settings, data, attack), with what differs. Committed reference results may come from these;
+#: saved runs are still retrained, since ``ccu_version`` is part of the config key.
+RESULT_COMPATIBLE_VERSIONS = {
+    "0.3.0": (
+        "the host-fed training pipeline: the same crops and flips drawn as another random "
+        "stream (also for the metric's augmented sample); MCD's prediction and score from "
+        "separate dropout passes"
+    ),
+}
 #: the value a key has in configs written before it existed
 CONFIG_DEFAULTS = {"precision": "float32"}
 

@@ -49,8 +49,15 @@ def t1_version(ref):
 
 
 def test_reference_runs_come_from_this_library_version():
+    """This version, or an earlier one that ``RESULT_COMPATIBLE_VERSIONS`` lists with what
+    differs (the book names the version of every reference run)."""
+    from ccu.results import RESULT_COMPATIBLE_VERSIONS
+
     for dataset, ref in REFS.items():
-        assert t1_version(ref) == ccu.__version__, f"{dataset}: rerun tools/reference_run.py"
+        version = t1_version(ref)
+        assert version == ccu.__version__ or version in RESULT_COMPATIBLE_VERSIONS, (
+            f"{dataset}: made by ccu {version}; rerun tools/reference_run.py"
+        )
 
 
 def test_the_density_comparison_reference():
