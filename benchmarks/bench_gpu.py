@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -58,6 +59,15 @@ NETWORKS = {  # network: (dataset record for shape/augmentation/settings, in-set
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return (
+        f"CPU ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch "
+        "thread(s))"
+    )
 
 
 def synthetic(dataset: str, n: int, n_test: int = 1000, seed: int = 0) -> Dataset:
@@ -338,9 +348,7 @@ def main(argv=None):
     result = {
         "ccu_version": ccu.__version__,
         "torch_version": torch.__version__,
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
+        "device": device_name(device),
         "threads": torch.get_num_threads(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }

@@ -223,3 +223,35 @@ def training_table(runs: dict) -> pd.DataFrame:
         for m, r in ((m, runs[m]) for m in ordered(runs))
     }
     return pd.DataFrame(rows).T.infer_objects()
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def pipeline_benchmarks(directory: Path | None = None) -> pd.DataFrame:
+    """The committed runs of ``benchmarks/bench_gpu.py`` (chapter *Training*): per device,
+    network and method, the old (host-fed) and the new (device-resident) epoch time, the
+    speed-up, images/s and the input pipeline alone. Empty when none is committed."""
+    rows = []
+    for path in sorted(Path(directory or BENCHMARKS).glob("bench_gpu_*.json")):
+        result = json.loads(path.read_text())
+        for kind in ("lenet", "resnet18"):
+            r = result.get(kind)
+            if r is None:
+                continue
+            for method in ("Base", "CCU"):
+                row = r[method]
+                rows.append(
+                    {
+                        "device": result["device"],
+                        "network": kind,
+                        "method": method,
+                        "images per epoch": r["n_in"],
+                        "old epoch (s)": row.get("old_epoch_s", np.nan),
+                        "new epoch (s)": row["new_epoch_s"],
+                        "speed-up": row.get("speedup", np.nan),
+                        "images/s": row["new_images_per_s"],
+                        "input pipeline speed-up": r.get("loader_speedup", np.nan),
+                    }
+                )
+    return pd.DataFrame(rows)
