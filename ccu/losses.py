@@ -28,9 +28,13 @@ class LossTerms:
     out_class: torch.Tensor
     in_density: torch.Tensor
     out_density: torch.Tensor
+    #: the classifier's log-softmax on the in-batch (N, M), from the same pass (the trainer's
+    #: accuracy needs no second forward pass)
+    classifier_log_softmax_in: torch.Tensor | None = None
 
     def as_dict(self) -> dict[str, float]:
-        return {k: float(v.detach()) for k, v in self.__dict__.items()}
+        names = ("loss", "in_class", "out_class", "in_density", "out_density")
+        return {k: float(getattr(self, k).detach()) for k in names}
 
 
 def ccu_loss(model: CCU, x_in: torch.Tensor, y_in: torch.Tensor, x_out: torch.Tensor) -> LossTerms:
@@ -43,7 +47,7 @@ def ccu_loss(model: CCU, x_in: torch.Tensor, y_in: torch.Tensor, x_out: torch.Te
         check_labels(y_in, model.num_classes)
     n_in = x_in.shape[0]
     x = torch.cat([x_in, x_out]) if x_out.shape[0] else x_in
-    log_py, log_px = model.log_probs_and_marginal(x)
+    log_py, log_px, log_softmax = model.forward_parts(x)
     lam = model.log_lam.exp().to(log_px.dtype)  # a tensor: no read-back to the host
     in_class = log_py[:n_in].gather(1, y_in[:, None]).mean()
     in_density = log_px[:n_in].mean()
@@ -53,7 +57,7 @@ def ccu_loss(model: CCU, x_in: torch.Tensor, y_in: torch.Tensor, x_out: torch.Te
     else:
         out_class = out_density = log_py.new_zeros(())
     objective = in_class + lam * out_class + in_density + lam * out_density
-    return LossTerms(-objective, in_class, out_class, in_density, out_density)
+    return LossTerms(-objective, in_class, out_class, in_density, out_density, log_softmax[:n_in])
 
 
 def uniform_cross_entropy(logits: torch.Tensor) -> torch.Tensor:

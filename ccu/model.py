@@ -130,11 +130,15 @@ class CCU(nn.Module):
 
     def log_probs_and_marginal(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(log p(y|x) (N, M), log p(x) (N,))`` from one pass (what the loss needs)."""
+        return self.forward_parts(x)[:2]
+
+    def forward_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log p(y|x), log p(x), log softmax of the classifier)`` from one pass."""
         log_pi, log_po = self.log_densities(x)
         log_softmax = torch.log_softmax(self.logits(x), dim=1)
         log_py, den = self._combine(log_softmax, log_pi, log_po)
         log_px = den - torch.log1p(self.log_lam.exp()).to(den.dtype)
-        return log_py, log_px
+        return log_py, log_px, log_softmax
 
     def log_marginal(self, x: torch.Tensor) -> torch.Tensor:
         """``log p(x) = log((p(x|i) + lambda p(x|o)) / (1 + lambda))``, (N,)."""

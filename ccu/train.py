@@ -67,10 +67,8 @@ class _CCUObjective(Objective):
     uses_out = True
 
     def __call__(self, model, x, y, z, epoch):
-        loss = ccu_loss(model, x, y, z).loss
-        with torch.no_grad():
-            logits = model.logits(x)
-        return loss, logits
+        terms = ccu_loss(model, x, y, z)  # the classifier's outputs come from the same pass
+        return terms.loss, terms.classifier_log_softmax_in.detach()
 
 
 cross_entropy_objective = _CrossEntropy()
