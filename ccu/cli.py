@@ -8,6 +8,12 @@
     ccu reference --dataset D --seed S          copy one seed's results as reference results
     ccu run       --dataset D ... --method ...  all of the above, in one process
 
+``ccu run --stop-after SECONDS`` time-boxes a run (a lent GPU's ten-minute call): it stops at the
+next safe point once the time is nearly used (between methods, before the attack, after a saved
+epoch; :mod:`ccu.deadline`) with exit code 75, and the same command run again continues where it
+stopped. ``--budget-seconds`` is different: the methods left when it runs out are skipped for
+good (listed as ``skipped_for_time``).
+
 The Snakemake workflow (``workflow/Snakefile``) calls these steps, one job per
 (dataset, method, seed). Results go to ``--results`` (default ``CCU_RESULTS`` or ``results/``,
 see :mod:`ccu.results`). Exit codes: see :data:`EXIT_CODES`.
@@ -24,13 +30,17 @@ import time
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_CORRUPT = 0, 1, 2, 3, 4
+EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later"
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_FAILED: "the step failed (an unexpected error; the traceback says where)",
     EXIT_USAGE: "bad usage: unknown dataset, method or profile, bad --overrides, bad flags",
     EXIT_MISSING: "missing input: data files or the results a step needs are not there",
     EXIT_CORRUPT: "a result file is corrupt or incomplete (the message names it)",
+    EXIT_STOPPED: "stopped for time (--stop-after); run the same command again to continue",
 }
+#: what a run stopped by --stop-after says last (the device script looks for exit code 75)
+STOPPED_MESSAGE = "stopped for time; run the same command again to continue"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -316,7 +326,7 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     commit = current_commit()
     out = Path(out_dir) / prof.name / dataset
     out.mkdir(parents=True, exist_ok=True)
-    devices, seconds = set(), 0.0
+    devices, seconds, per_method = set(), 0.0, {}
     for name in names:
         d = store.method_dir(prof.name, dataset, name, root, seed)
         config = store.read_json(d / "config.json")
@@ -324,6 +334,7 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         device = stamp.get("device", "unknown")
         devices.add((device, stamp.get("device_name", "unknown")))
         seconds += config.get("wall_seconds", 0.0)
+        per_method[name] = config.get("wall_seconds")
         cfg = dict(config, commit=commit, device=device)
         store.write_json(out / f"{name}.config.json", cfg)
         store.write_json(out / f"{name}.metrics.json", store.read_json(d / "metrics.json"))
@@ -338,7 +349,12 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         torch_version=torch.__version__,
         skipped_for_time=[],
     )
-    table1.update(extra or {})
+    extra = dict(extra or {})
+    # training time per method: the last call's (the config's), or all calls' when `ccu run`
+    # knows them (a run stopped for time and resumed)
+    known = extra.pop("wall_seconds_per_method", None) or {}
+    per_method.update({k: known[k] for k in names if known.get(k) is not None})
+    table1.update(extra, wall_seconds_per_method=per_method)
     store.write_json(out / "table1.json", table1)
     # NaN marks an uncertified seed (no certified ball)
     np.savetxt(out / "radii.csv", adv.radii, fmt="%.6g", header="certified radius per seed")
@@ -464,49 +480,152 @@ def cmd_reference(args) -> int:
 
 def cmd_run(args) -> int:
     """Every step for every (dataset, seed), one method after another; CCU first."""
-    from tqdm import tqdm
-
     from ccu import aggregate
+    from ccu import deadline as time_box
     from ccu.methods import METHOD_ORDER
 
+    if args.stop_after is not None and args.budget_seconds is not None:
+        raise UsageError(
+            "--stop-after (stop, then resume with the same command) and --budget-seconds (skip "
+            "the methods left for good) do not mix: a resumed run would start a new budget."
+        )
+    if args.stop_after is not None and not args.stop_after > 0:
+        raise UsageError(
+            f"--stop-after must be a positive number of seconds, not {args.stop_after}."
+        )
     prof = _profile(args)
     device = _device(args)
     root = _root(args)
     methods = args.method or list(METHOD_ORDER)
     order = ["CCU", *[m for m in methods if m != "CCU"]]
-    for dataset in args.dataset:
-        for seed in args.seed:
-            start = time.perf_counter()
-            data = _load_data(dataset, prof, seed)
-            done, skipped = [], []
-            bar = tqdm(order, desc=f"{dataset} seed {seed}", disable=args.no_progress)
-            for m in bar:
-                late = time.perf_counter() - start > (args.budget_seconds or float("inf"))
-                if m != "CCU" and late:  # CCU always runs: its balls define the attack
-                    skipped.append(m)
-                    continue
-                bar.set_postfix_str(m)
-                train_one(dataset, m, prof, seed, device, root, data=data)
-                evaluate_one(dataset, m, prof, seed, root)
-                done.append(m)
-                _say(f"{m}: done {time.perf_counter() - start:.0f} s from the start")
-            if skipped:
-                _say(f"skipped for the time budget: {', '.join(skipped)}")
-            attack_dataset(dataset, done, prof, seed, device, root, data=data)
-            if args.reference_out:
-                extra = {
-                    "wall_seconds_total": time.perf_counter() - start,
-                    "skipped_for_time": skipped,
-                }
-                out = write_reference(
-                    dataset, prof, seed, args.reference_out, root, done, extra=extra
-                )
-                _say(f"reference results written to {out}")
-        written, _ = aggregate.write_tables(prof.name, dataset, root, args.seed)
-        md = next(p for p in written if p.suffix == ".md")
-        print(md.read_text())
-        _say(f"tables of {dataset} written to {md.parent}")
+    deadline = time_box.Deadline(args.stop_after) if args.stop_after is not None else None
+    box = TimeBox(deadline)
+    with time_box.active(deadline):
+        for dataset in args.dataset:
+            for seed in args.seed:
+                box.stop_before(f"{dataset} seed {seed}")
+                _run_seed(args, dataset, seed, prof, device, root, order, box)
+            written, _ = aggregate.write_tables(prof.name, dataset, root, args.seed)
+            md = next(p for p in written if p.suffix == ".md")
+            print(md.read_text())
+            _say(f"tables of {dataset} written to {md.parent}")
     return EXIT_OK
+
+
+class TimeBox:
+    """``--stop-after``'s stops between methods and phases: once the deadline has passed, and
+    only after this call trained something (so that every call makes progress)."""
+
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.worked = False
+
+    def stop_before(self, what: str) -> None:
+        if self.deadline is None:
+            return
+        if self.worked:
+            self.deadline.stop_if_passed(what)
+        else:
+            self.deadline.lap()
+
+
+class RunTimes:
+    """``run_times.json`` of one (profile, dataset, seed) in the results store: the wall time
+    of each method's training summed over the calls that worked on it (a run stopped for time
+    and resumed trains a method in several calls), and the calls since the run last finished."""
+
+    def __init__(self, directory: Path):
+        from ccu import results as store
+
+        self.path = Path(directory) / "run_times.json"
+        saved = store.read_json(self.path) if self.path.exists() else {}
+        self.methods: dict = saved.get("methods", {})
+        self.pending: dict = saved.get("pending", {})
+        self.calls: list = saved.get("calls", [])
+        self.start = time.perf_counter()
+
+    def method(self, name: str, seconds: float, finished: bool) -> None:
+        """Count ``seconds`` spent on ``name``: a finished training, or an attempt cut short."""
+        if finished:
+            self.methods[name] = seconds + self.pending.pop(name, 0.0)
+        else:
+            self.pending[name] = self.pending.get(name, 0.0) + seconds
+        self._write()
+
+    def call_seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+    def total_seconds(self) -> float:
+        """This call's time and that of the calls before it since the run last finished."""
+        return sum(c["seconds"] for c in self.calls) + self.call_seconds()
+
+    def end_call(self, stopped: str | None) -> None:
+        """Record this call: ``stopped`` says where it stopped, None when the run finished (the
+        list of calls then starts afresh)."""
+        call = {"seconds": self.call_seconds(), "stopped": stopped}
+        self.calls = [] if stopped is None else [*self.calls, call]
+        self._write()
+
+    def _write(self) -> None:
+        from ccu import results as store
+
+        out = {"methods": self.methods, "pending": self.pending, "calls": self.calls}
+        store.write_json(self.path, out)
+
+
+def _run_seed(args, dataset, seed, prof, device, root, order, box: TimeBox) -> None:
+    """``ccu run`` for one (dataset, seed): train and evaluate each method, attack, copy."""
+    from tqdm import tqdm
+
+    from ccu import results as store
+    from ccu.deadline import StopForTime
+
+    times = RunTimes(store.seed_dir(prof.name, dataset, seed, root))
+    try:
+        data = _load_data(dataset, prof, seed)
+        done, skipped = [], []
+        bar = tqdm(order, desc=f"{dataset} seed {seed}", disable=args.no_progress)
+        for m in bar:
+            late = times.call_seconds() > (args.budget_seconds or float("inf"))
+            if m != "CCU" and late:  # CCU always runs: its balls define the attack
+                skipped.append(m)
+                continue
+            box.stop_before(f"{m} on {dataset} seed {seed}")
+            bar.set_postfix_str(m)
+            began = time.perf_counter()
+            try:
+                stamp = train_one(dataset, m, prof, seed, device, root, data=data)
+            except BaseException:  # stopped for time or interrupted: the attempt's time counts
+                times.method(m, time.perf_counter() - began, finished=False)
+                box.worked = True
+                raise
+            if not stamp["loaded"]:
+                times.method(m, time.perf_counter() - began, finished=True)
+                box.worked = True
+            evaluate_one(dataset, m, prof, seed, root)
+            done.append(m)
+            _say(f"{m}: done {times.call_seconds():.0f} s from the start")
+        if skipped:
+            _say(f"skipped for the time budget: {', '.join(skipped)}")
+        box.stop_before(f"the attack on {dataset} seed {seed}")
+        attack_dataset(dataset, done, prof, seed, device, root, data=data)
+        box.worked = True
+        if args.reference_out:
+            extra = {
+                "wall_seconds_total": times.total_seconds(),
+                "calls": len(times.calls) + 1,
+                "wall_seconds_per_method": times.methods,
+                "skipped_for_time": skipped,
+            }
+            out = write_reference(dataset, prof, seed, args.reference_out, root, done, extra=extra)
+            _say(f"reference results written to {out}")
+    except StopForTime as stop:
+        times.end_call(stop.where)
+        raise
+    except KeyboardInterrupt:
+        times.end_call("interrupted")
+        raise
+    times.end_call(None)
 
 
 # --------------------------------------------------------------------------- parser
@@ -601,6 +720,14 @@ def build_parser() -> argparse.ArgumentParser:
         "they are listed as skipped_for_time",
     )
     p.add_argument(
+        "--stop-after",
+        type=float,
+        metavar="SECONDS",
+        help="stop at the next safe point (between methods, before the attack, after a saved "
+        "epoch) once this much time is nearly used, with exit code 75; finished work is kept and "
+        "the same command run again continues where it stopped",
+    )
+    p.add_argument(
         "--reference-out",
         metavar="DIR",
         help="also copy each seed's results to DIR/<profile>/<dataset>/ (reference results)",
@@ -640,6 +767,12 @@ def main(argv=None) -> int:
         _say("interrupted")
         return 130
     except Exception as exc:
+        from ccu.deadline import StopForTime
+
+        if isinstance(exc, StopForTime):
+            _say(f"{exc}: what finished is saved (results, the last epoch's checkpoint)")
+            _say(STOPPED_MESSAGE)
+            return EXIT_STOPPED
         from ccu.data import DataNotFoundError
         from ccu.results import CorruptResultError
 

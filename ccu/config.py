@@ -45,7 +45,10 @@ PROFILES: dict[str, Profile] = {
 
 
 def get_profile(name: str, **overrides) -> Profile:
-    """The profile called ``name`` (``smoke``, ``cpu`` or ``paper``), with optional overrides."""
+    """The profile called ``name`` (``smoke``, ``cpu`` or ``paper``), with optional overrides.
+
+    ``paper`` with overrides that change it is renamed after them (:func:`profile_label`, e.g.
+    ``paper-e30``): a reduced run never passes for the paper's protocol."""
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}.")
     unknown = set(overrides) - {f.name for f in fields(Profile)} | ({"name"} & set(overrides))
@@ -57,9 +60,54 @@ def get_profile(name: str, **overrides) -> Profile:
     if "vgg_methods" in overrides:  # from JSON (papermill) it arrives as a list
         overrides["vgg_methods"] = tuple(overrides["vgg_methods"])
     profile = replace(PROFILES[name], **overrides) if overrides else PROFILES[name]
+    if name in LABELLED_PROFILES:
+        profile = replace(profile, name=profile_label(name, overrides))
     for check in PROFILE_CHECKS:
         check(profile)
     return profile
+
+
+#: profiles whose name states a protocol: with overrides that change it, the name says so
+#: (``paper`` with 30 epochs is ``paper-e30``), so that its results, which live under the
+#: profile's name (``results/<name>/``, ``reference-results/<name>/``), never mix with the
+#: protocol's own
+LABELLED_PROFILES = ("paper",)
+
+_SHORT = {
+    "epochs": "e",
+    "n_train": "n",
+    "n_components": "k",
+    "n_seeds": "seeds",
+    "attack_steps": "steps",
+    "attack_restarts": "restarts",
+}
+
+
+def profile_label(name: str, overrides: dict | None = None) -> str:
+    """The name of profile ``name`` with ``overrides``: ``name`` itself when they change nothing,
+    else ``name`` followed by each changed field and its value in field order, e.g.
+    ``paper-e30`` or ``paper-e30-seeds50``."""
+    base = PROFILES[name]
+    parts = [name]
+    for f in fields(Profile):
+        if f.name == "name" or f.name not in (overrides or {}):
+            continue
+        value = overrides[f.name]
+        if isinstance(value, list):
+            value = tuple(value)
+        if value == getattr(base, f.name):
+            continue
+        if value is None:
+            text = "all"
+        elif isinstance(value, bool):
+            text = "on" if value else "off"
+        elif isinstance(value, tuple):
+            text = "+".join(map(str, value)) or "none"
+        else:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+        text = "".join(c if c.isalnum() or c in "._+" else "_" for c in text)
+        parts.append(f"{_SHORT.get(f.name, f.name)}{text}")
+    return "-".join(parts)
 
 
 #: checks that other modules register for profiles (``ccu.methods`` checks method names), so

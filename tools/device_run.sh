@@ -1,26 +1,160 @@
 #!/usr/bin/env bash
 # Reference runs on a lent GPU machine (its own python3 with PyTorch; the project on PYTHONPATH).
-# Usage: bash tools/device_run.sh smoke|mnist|cifar [budget seconds for cifar]
-# Needs the offline mirrors in $CCU_OFFLINE_DATA (default .devdata/: `cp -r ../shared/data .devdata`,
-# git-ignored; pass it in the device call's carry list, since ../shared does not travel).
-# Writes $OUT/<stage>.tgz with reference-results/ and the logs. Set CCU_COMMIT=<sha> when the
-# copied tree's .git is not current (the results record the commit).
+#
+#   bash tools/device_run.sh STAGE [budget seconds, stage cifar only]
+#
+#   stage         dataset (profile)                  methods
+#   smoke         digits (smoke)                      all 11                       no data needed
+#   mnist         mnist-offline (cpu)                 all 11
+#   cifar         cifar10-offline (cpu)               CCU Base OE ..., --budget-seconds (300)
+#   mnist-paper   mnist (paper; LeNet)                all 11                       time-boxed
+#   fmnist-paper  fmnist (paper; ResNet18)            all 11, CCU Base OE first    time-boxed
+#   cifar-paper   cifar10-jpeg (paper; ResNet18,      CCU Base OE                  time-boxed
+#                 Tiny ImageNet out-distribution)
+#   smoke-resume  digits (smoke, tiny)                Base CCU                     time-boxed; the
+#                 paper stages' machinery in seconds, on any machine (tests/test_time_box.py)
+# Every stage but smoke* reads the data packed by tools/pack_data.py --dataset <its dataset>
+# (mnist-offline, cifar10-offline, mnist, fmnist, cifar10-jpeg), carried as below.
+#
+# Time-boxed stages run `ccu run --stop-after $STOP_AFTER` (default 480 s): the run stops at the
+# next safe point (between methods, before the attack, after a saved epoch) with exit code 75,
+# keeping per-method results and checkpoints in $CCU_RESULTS (/tmp/ccu-results), which stays on
+# the machine while it is warm; the same stage run again resumes there. At $HARD_LIMIT (560 s)
+# the run gets SIGINT (atomic writes: nothing half-written) so that a call always ends inside its
+# 10 minutes with its files. Only small files come back: $OUT/<stage>.log and $OUT/<stage>.tgz
+# (checked < 16 MiB) with reference-results/<profile>/<dataset>/ once the run is done, and
+# progress/ (the per-method JSON files so far) on every call.
+#
+# A session's device calls (30 min of device time; 10 min per call; a machine stays warm ~30 s
+# after a call, and what is on it stays only while it is warm):
+#   1. here, once:  python tools/pack_data.py --dataset mnist    # fmnist, cifar10-jpeg
+#      packs exactly the mirror files the run needs into .devdata/<dataset>/part-<k>/ (ignored)
+#      and prints the carry entry of each call: mnist and fmnist fit one call, cifar10-jpeg
+#      (85.8 MiB) takes two.
+#   2. device call: command "bash tools/device_run.sh mnist-paper", timeout_s 600,
+#      carry [".devdata/mnist/part-1"]. A dataset in two parts: the first call carries part-1
+#      and only gathers it (exit 3, "carry [...part-2]"); the next call, at once, carries part-2
+#      and starts the run. The parts gather in $CCU_DEVDATA/<dataset> (/tmp/ccu-devdata).
+#   3. exit 75 "stopped for time": make the same call again at once (no carry needed while the
+#      machine is warm; a cold machine says which parts to carry again, and starts over).
+#      Repeat until it prints "done" (exit 0).
+#   4. here: tar xzf <files_at>/mnist-paper.tgz, then commit reference-results/paper/mnist/
+#      (table1.json, per-method config and metrics, radii.csv, figure2.npz, data_manifest.json:
+#      commit, device, torch version, data sha256, wall time per method).
+#
+# Reduced-epoch variant, where 100 epochs do not fit: EPOCHS=30 bash tools/device_run.sh
+# mnist-paper (or OVERRIDES='{"epochs": 30}'). The profile is then named paper-e30
+# (ccu.config.profile_label): its results live in $CCU_RESULTS/paper-e30/ and
+# reference-results/paper-e30/<dataset>/, never among the paper profile's.
+#
+# Environment: STOP_AFTER, HARD_LIMIT, METHODS (space-separated), EPOCHS or OVERRIDES (JSON),
+# DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results), CCU_RESULTS, CCU_DEVDATA,
+# CCU_OFFLINE_DATA (when set: used as is, nothing gathered),
+# CCU_COMMIT=<sha> when the copied tree's .git is not current (the results record the commit).
+# Exit codes: 0 done; 75 stopped for time, run the same stage again; 3 data missing (carry the
+# parts named); 2 bad usage; anything else: the run failed (see the log).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg CCU_PROGRESS=0
-export CCU_OFFLINE_DATA=${CCU_OFFLINE_DATA:-$PWD/.devdata} CCU_RESULTS=${CCU_RESULTS:-/tmp/ccu-results}
+export CCU_RESULTS=${CCU_RESULTS:-/tmp/ccu-results} CCU_DATA_ROOT=${CCU_DATA_ROOT:-/tmp/ccu-dataroot}
 OUT=${OUT:-/tmp/ccu-out}
+REFERENCE_OUT=$(realpath -m "${REFERENCE_OUT:-reference-results}")
+THREADS=${THREADS:-16}
+STOP_AFTER=${STOP_AFTER:-480}
+HARD_LIMIT=${HARD_LIMIT:-560}
+TGZ_LIMIT=$((16 * 1024 * 1024))
 mkdir -p "$OUT"
 ALL="Base MCD EDL DE GAN ODIN Maha ACET ACET2 OE CCU"
-stage=$1
+stage=${1:-}
+budget=${2:-300}
+overrides=${OVERRIDES:-}
+if [ -n "${EPOCHS:-}" ]; then
+  [ -z "$overrides" ] || { echo "give EPOCHS or OVERRIDES, not both" >&2; exit 2; }
+  overrides="{\"epochs\": $EPOCHS}"
+fi
 case $stage in
-  smoke) args=(--dataset digits --profile smoke --methods $ALL) ;;
-  mnist) args=(--dataset mnist-offline --profile cpu --methods $ALL) ;;
+  smoke) ds=digits profile=smoke methods=$ALL kind=reference ;;
+  mnist) ds=mnist-offline profile=cpu methods=$ALL kind=reference ;;
   # most informative first: what is left when the budget runs out is skipped and recorded
-  cifar) args=(--dataset cifar10-offline --profile cpu --budget-seconds "${2:-300}"
-               --methods CCU Base OE Maha ODIN MCD EDL GAN DE ACET ACET2) ;;
-  *) echo "unknown stage $stage: choose smoke, mnist or cifar" >&2; exit 2 ;;
+  cifar) ds=cifar10-offline profile=cpu methods="CCU Base OE Maha ODIN MCD EDL GAN DE ACET ACET2"
+         kind=reference ;;
+  mnist-paper) ds=mnist profile=paper methods=$ALL kind=timeboxed ;;
+  fmnist-paper) ds=fmnist profile=paper kind=timeboxed
+                methods="CCU Base OE Maha ODIN MCD EDL GAN DE ACET ACET2" ;;
+  cifar-paper) ds=cifar10-jpeg profile=paper methods="CCU Base OE" kind=timeboxed ;;
+  smoke-resume) ds=digits profile=smoke methods="Base CCU" kind=timeboxed
+                overrides=${overrides:-'{"epochs": 2, "n_train": 400, "n_seeds": 8, "attack_steps": 5, "attack_restarts": 1}'} ;;
+  *) echo "unknown stage '$stage': choose smoke, mnist, cifar, mnist-paper, fmnist-paper," \
+          "cifar-paper or smoke-resume" >&2; exit 2 ;;
 esac
-python3 tools/reference_run.py "${args[@]}" --threads 16 2>&1 | tee "$OUT/$stage.log"
+methods=${METHODS:-$methods}
+log=$OUT/$stage.log
+: >"$log"
+say() { echo "device_run: $*" | tee -a "$log"; }
+
+# the data: parts carried in this call and earlier ones (while warm) gathered in one folder
+if [ "$ds" != digits ] && [ -z "${CCU_OFFLINE_DATA:-}" ]; then
+  export CCU_OFFLINE_DATA=${CCU_DEVDATA:-/tmp/ccu-devdata}/$ds
+  python3 tools/pack_data.py --gather ".devdata/$ds" --into "$CCU_OFFLINE_DATA" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" != 0 ]; then
+    say "no run: the data of $ds is not complete (pack it: python tools/pack_data.py --dataset $ds)"
+    exit "$rc"
+  fi
+fi
+
+if [ "$kind" = reference ]; then
+  extra=()
+  [ "$stage" = cifar ] && extra=(--budget-seconds "$budget")
+  # shellcheck disable=SC2086  # methods: one word per method
+  python3 tools/reference_run.py --dataset "$ds" --profile "$profile" --methods $methods \
+    "${extra[@]}" --threads "$THREADS" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  tar czf "$OUT/$stage.tgz" reference-results "$log" 2>/dev/null
+  exit "$rc"
+fi
+
+# the profile's name: paper, or paper-e30 &c. when overrides change it
+label=$(python3 -c 'import json, sys
+from ccu.config import get_profile
+print(get_profile(sys.argv[1], **json.loads(sys.argv[2] or "{}")).name)' "$profile" "$overrides") ||
+  { say "bad OVERRIDES: $overrides"; exit 2; }
+args=(run --dataset "$ds" --profile "$profile" --seed 0 --device "${DEVICE:-auto}"
+      --threads "$THREADS" --no-progress --stop-after "$STOP_AFTER" --reference-out "$REFERENCE_OUT")
+[ -n "$overrides" ] && args+=(--overrides "$overrides")
+# shellcheck disable=SC2206  # methods: one word per method
+args+=(--method $methods)
+say "$stage: ccu ${args[*]} (profile $label; results in $CCU_RESULTS; SIGINT at ${HARD_LIMIT} s)"
+timeout -s INT -k 20 "$HARD_LIMIT" python3 -m ccu "${args[@]}" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
-tar czf "$OUT/$stage.tgz" reference-results "$OUT/$stage.log" 2>/dev/null
+
+# bring back small files: the reference results once done, the per-method JSON files so far
+ref=$REFERENCE_OUT/$label/$ds
+items=()
+if [ "$rc" = 0 ] && [ -d "$ref" ]; then
+  manifest=${CCU_OFFLINE_DATA:-}/MANIFEST.json
+  [ -f "$manifest" ] && cp "$manifest" "$ref/data_manifest.json"
+  items+=(-C "$(dirname "$REFERENCE_OUT")" "$(basename "$REFERENCE_OUT")/$label/$ds")
+fi
+work=$(mktemp -d)
+if [ -d "$CCU_RESULTS/$label/$ds" ]; then
+  (cd "$CCU_RESULTS" && find "$label/$ds" -type f \( -name '*.json' -o -path '*/tables/*' \) \
+    ! -name 'config.pending.json' -size -2M) | while read -r f; do
+    mkdir -p "$work/progress/$(dirname "$f")" && cp "$CCU_RESULTS/$f" "$work/progress/$f"
+  done
+fi
+mkdir -p "$work/progress"
+tar czf "$OUT/$stage.tgz" -C "$work" progress "${items[@]}"
+if [ "$(stat -c %s "$OUT/$stage.tgz")" -gt "$TGZ_LIMIT" ]; then
+  say "$OUT/$stage.tgz is over 16 MiB: sending it without progress/"
+  tar czf "$OUT/$stage.tgz" -C "$work" --exclude='progress/*' progress "${items[@]}"
+fi
+rm -rf "$work"
+case $rc in
+  0) say "$stage done: $ref in $OUT/$stage.tgz" ;;
+  75) say "$stage stopped for time; run the same stage again to continue (resumes while this" \
+          "machine is warm)" ;;
+  124 | 130) say "$stage interrupted at the hard limit (${HARD_LIMIT} s); finished work is saved;" \
+                "run the same stage again to continue"; rc=75 ;;
+  *) say "$stage failed (exit $rc); see $log" ;;
+esac
 exit "$rc"

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ccu.data.sources import CorruptDataError, DataNotFoundError
+from ccu.data.sources import CorruptDataError, DataNotFoundError, downloads_allowed
 
 CHUNK = 1 << 20
 
@@ -43,6 +43,10 @@ def download(url: str, dest: Path, md5sum: str, timeout: float = 60.0, progress=
         raise CorruptDataError(
             f"{dest} has md5 {got}, expected {md5sum}: truncated or altered. Delete it and load "
             "again to download it afresh."
+        )
+    if not downloads_allowed():
+        raise DataNotFoundError(
+            f"{dest.name} is not at {dest}, and downloads are off here (mirror_sandbox)."
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".partial")

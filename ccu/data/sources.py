@@ -10,10 +10,13 @@
   torchvision downloads them.
 * Every mirrored file is checked against its sha256 before use; a truncated or corrupt file gives
   an error naming the file and the expected checksum, never silently wrong data.
+* :func:`mirror_sandbox` searches given folders only, downloads nothing and lists the mirror files
+  a load found: how ``tools/pack_data.py`` learns exactly which files a run needs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -68,8 +71,37 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
     return path
 
 
+class _Sandbox:
+    def __init__(self, dirs):
+        self.dirs = [Path(d) for d in dirs]
+        self.found: dict[str, Path] = {}
+
+
+_SANDBOXES: list[_Sandbox] = []
+
+
+@contextlib.contextmanager
+def mirror_sandbox(dirs):
+    """While active, offline mirrors are searched only in the data root and ``dirs``, nothing is
+    downloaded (as on a machine without internet), and every mirror file found is recorded:
+    yields a dict ``relative path -> path`` that fills as loads find files."""
+    box = _Sandbox(dirs)
+    _SANDBOXES.append(box)
+    try:
+        yield box.found
+    finally:
+        _SANDBOXES.remove(box)
+
+
+def downloads_allowed() -> bool:
+    """False inside :func:`mirror_sandbox`."""
+    return not _SANDBOXES
+
+
 def mirror_dirs(root: str | os.PathLike | None = None) -> list[Path]:
     """Folders searched for the offline mirrors, in order."""
+    if _SANDBOXES:
+        return [data_root(root), *_SANDBOXES[-1].dirs]
     dirs = [data_root(root)]
     if os.environ.get("CCU_OFFLINE_DATA"):
         dirs.append(Path(os.environ["CCU_OFFLINE_DATA"]).expanduser())
@@ -110,6 +142,8 @@ def find_mirror_file(relpath: str, root=None, verify: bool = True) -> Path:
                         f"{path} is corrupt or truncated: sha256 {got[:16]}... but expected "
                         f"{MIRROR_FILES[relpath][:16]}...; delete it and copy the file again."
                     )
+            for box in _SANDBOXES:
+                box.found[relpath] = path
             return path
     listing = "\n  ".join(str(p) for p in tried)
     raise DataNotFoundError(
@@ -223,6 +257,29 @@ def stage_idx_mirror(name: str, root=None) -> Path | None:
     return raw
 
 
+def idx_split_from_mirror(name: str, split: str, root=None):
+    """``(x, y, source)`` of one split of ``mnist`` / ``fmnist`` read straight from its two
+    mirrored files with torchvision's own IDX readers (what ``torchvision.datasets.MNIST`` reads),
+    or None when the mirror lacks them. For a mirror that holds only this split (an OOD test set
+    needs only the test files; torchvision's classes want all four)."""
+    folder, mirror = IDX_MIRRORS[name]
+    prefix = "train" if split == "train" else "t10k"
+    rel = {k: f"{mirror}/{prefix}-{k}-idx{d}-ubyte.gz" for k, d in (("images", 3), ("labels", 1))}
+    if not all(mirror_available(r, root) for r in rel.values()):
+        return None
+    images = find_mirror_file(rel["images"], root)
+    labels = find_mirror_file(rel["labels"], root)
+    x = read_idx_gz(images, "images").numpy()[:, None]
+    y = read_idx_gz(labels, "labels").numpy().astype(np.int64)
+    if len(x) != len(y):
+        raise CorruptDataError(f"{images} holds {len(x)} images but {labels} {len(y)} labels.")
+    source = (
+        f"offline mirror {images.parent} (the official {prefix} files), read with the IDX "
+        f"readers of torchvision.datasets.{folder}"
+    )
+    return x.astype(np.float32) / 255.0, y, source
+
+
 def _not_found(name, cls_name, split, root, expected, how, exc) -> DataNotFoundError:
     return DataNotFoundError(
         f"{cls_name} ({split}) is not in {root} and {how}: {exc}\n"
@@ -237,8 +294,9 @@ def torchvision_dataset(name: str, split: str, root=None, download: bool = True)
 
     Returns ``(x, y, source)``: x float32 in [0, 1] (N, C, H, W), y int64, and a sentence naming
     the files read. MNIST and Fashion-MNIST are first unpacked from the offline mirror when it
-    holds them (:func:`stage_idx_mirror`). Otherwise torchvision downloads into the data root
-    when allowed. A failed download or a missing file raises :class:`DataNotFoundError` saying
+    holds them (:func:`stage_idx_mirror`); a mirror holding only this split's two files serves
+    it directly (:func:`idx_split_from_mirror`). Otherwise torchvision downloads into the data
+    root when allowed (never inside :func:`mirror_sandbox`). A failed download or a missing file raises :class:`DataNotFoundError` saying
     which files are expected where; torchvision writes downloads to a temporary name and checks
     their md5, so a broken download is not kept as valid data. Files that torchvision cannot
     parse raise :class:`CorruptDataError`.
@@ -250,9 +308,14 @@ def torchvision_dataset(name: str, split: str, root=None, download: bool = True)
     cls_name, train_kw, test_kw, expected = TORCHVISION_SETS[name]
     kwargs = train_kw if split == "train" else test_kw
     root = data_root(root)
+    download = download and downloads_allowed()
     cls = getattr(torchvision.datasets, cls_name)
     staged = stage_idx_mirror(name, root) if name in IDX_MIRRORS else None
     present = torchvision_present(name, root)
+    if staged is None and not present and name in IDX_MIRRORS:
+        split_only = idx_split_from_mirror(name, split, root)
+        if split_only is not None:
+            return split_only
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # a black-holed network fails, never hangs
     try:

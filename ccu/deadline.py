@@ -1,0 +1,116 @@
+"""Time-boxed runs: stop at a safe point when the time is nearly used, resume on the next call.
+
+A lent GPU gives a command ten minutes; ``ccu run --stop-after SECONDS`` makes a run fit: it sets
+a :class:`Deadline`, and the work stops with :class:`StopForTime` at the next safe point that
+would otherwise end past it:
+
+* between methods, and before the attack: when the deadline has passed (the CLI checks, once
+  the call has done some work: every call makes progress, however short its time);
+* after an epoch whose checkpoint is saved: when another epoch as long as the last one would end
+  after the deadline. The trainer calls :func:`check` there (a no-op when no deadline is set)::
+
+      deadline.check(epoch + 1, self.epochs)
+
+Everything finished is on disk (per-method results, the epoch's checkpoint), so the same command
+run again resumes where this one stopped. This module imports nothing of ``ccu``: the trainer
+can import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+#: the clock of every :class:`Deadline` that is given none (tests replace it)
+clock: Callable[[], float] = time.monotonic
+
+
+class StopForTime(Exception):
+    """The run stopped at a safe point because its time is (nearly) used; what it finished is
+    saved, and the same command run again continues from there."""
+
+    def __init__(self, where: str, deadline: Deadline | None = None):
+        self.where = where
+        self.deadline = deadline
+        spent = f" after {deadline.elapsed():.0f} s of {deadline.seconds:g} s" if deadline else ""
+        super().__init__(f"stopped for time{spent} ({where})")
+
+
+class Deadline:
+    """``seconds`` from now (on ``clock``). :meth:`check` after each saved unit of work (an
+    epoch) stops when one more unit as long as the last would end after the deadline; a unit
+    is timed from the previous check (or :meth:`stop_if_passed`, or the start)."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] | None = None):
+        if not seconds > 0:
+            raise ValueError(f"a deadline needs a positive number of seconds, not {seconds!r}.")
+        self.seconds = float(seconds)
+        self._clock = clock
+        self.start = self.now()
+        self.end = self.start + self.seconds
+        self._mark = self.start
+
+    def now(self) -> float:
+        return (self._clock or clock)()
+
+    def elapsed(self) -> float:
+        return self.now() - self.start
+
+    def remaining(self) -> float:
+        return self.end - self.now()
+
+    def passed(self) -> bool:
+        return self.remaining() <= 0
+
+    def stop_if_passed(self, before: str) -> None:
+        """Raise :class:`StopForTime` when the deadline has passed (called between methods and
+        phases: ``before`` names what would start); else start timing the next unit."""
+        if self.passed():
+            raise StopForTime(f"before {before}", self)
+        self.lap()
+
+    def lap(self) -> None:
+        """Start timing the next unit of work now."""
+        self._mark = self.now()
+
+    def check(self, done: int | None = None, total: int | None = None) -> None:
+        """After a unit of work whose state is saved (``done`` of ``total``, e.g. epochs):
+        raise :class:`StopForTime` when another unit as long as this one would end after the
+        deadline. Nothing is raised after the last unit (``done >= total``): that work is
+        finished, and stopping would only postpone saving it."""
+        now = self.now()
+        step, self._mark = now - self._mark, now
+        if done is not None and total is not None and done >= total:
+            return
+        if now + step > self.end:
+            where = f"after {done} of {total}" if done is not None else "after a saved step"
+            raise StopForTime(f"{where}; the next would end past the deadline", self)
+
+
+_ACTIVE: list[Deadline] = []
+
+
+@contextlib.contextmanager
+def active(deadline: Deadline | None) -> Iterator[Deadline | None]:
+    """Make ``deadline`` the one :func:`check` consults while the block runs (None: none)."""
+    if deadline is None:
+        yield None
+        return
+    _ACTIVE.append(deadline)
+    try:
+        yield deadline
+    finally:
+        _ACTIVE.remove(deadline)
+
+
+def current() -> Deadline | None:
+    """The active deadline, or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def check(done: int | None = None, total: int | None = None) -> None:
+    """:meth:`Deadline.check` of the active deadline; nothing when none is active (chapters,
+    tests, ``ccu train``). The trainer calls it after each epoch's checkpoint is saved."""
+    if _ACTIVE:
+        _ACTIVE[-1].check(done, total)

@@ -1,0 +1,259 @@
+"""Runs that fit a lent GPU's calls: ``ccu run --stop-after`` stops at a safe point and the same
+command resumes to the same files; reduced paper profiles are named apart; tools/device_run.sh."""
+
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+
+import numpy as np
+import pytest
+
+from ccu import cli, config
+from ccu import deadline as time_box
+from ccu import results as store
+from ccu.deadline import Deadline, StopForTime
+
+TINY = {"epochs": 2, "n_train": 400, "n_seeds": 8, "attack_steps": 5, "attack_restarts": 1}
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+# ----------------------------------------------------------------------------- Deadline
+def test_a_deadline_stops_when_the_next_unit_would_end_past_it():
+    clock = FakeClock()
+    d = Deadline(100, clock)
+    clock.t = 30
+    d.check(1, 10)  # 30 s per unit: the next ends at 60
+    clock.t = 60
+    d.check(2, 10)  # ... at 90
+    clock.t = 80
+    d.check(3, 10)  # 20 s: ends at 100, not after
+    clock.t = 110
+    d.check(10, 10)  # the last unit: finished work is never held back
+    clock.t = 125
+    with pytest.raises(StopForTime, match=r"stopped for time after 125 s of 100 s \(after 4 of 10"):
+        d.check(4, 10)
+    assert d.passed() and d.remaining() == -25
+
+
+def test_a_deadline_times_units_from_the_last_check_or_lap():
+    clock = FakeClock()
+    d = Deadline(100, clock)
+    clock.t = 50
+    d.lap()  # loading, not an epoch
+    clock.t = 60
+    d.check(1, 5)  # a 10 s unit
+    clock.t = 89
+    with pytest.raises(StopForTime):
+        d.check(2, 5)  # 29 s: the next would end at 118
+    d2 = Deadline(10, clock)
+    d2.stop_if_passed("Base")  # not yet
+    clock.t = 100
+    with pytest.raises(StopForTime, match="before Base") as info:
+        d2.stop_if_passed("Base")
+    assert info.value.where == "before Base" and info.value.deadline is d2
+    with pytest.raises(ValueError, match="positive"):
+        Deadline(0)
+
+
+def test_check_is_a_no_op_without_an_active_deadline(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(time_box, "clock", clock)
+    time_box.check(1, 3)  # nothing active: chapters, tests, `ccu train`
+    assert time_box.current() is None
+    d = Deadline(5)  # the module's clock
+    with time_box.active(d):
+        assert time_box.current() is d
+        clock.t = 10
+        with pytest.raises(StopForTime):
+            time_box.check(1, 3)
+    assert time_box.current() is None
+    with time_box.active(None):
+        time_box.check(1, 3)
+
+
+# ----------------------------------------------------------------------------- the CLI
+def _common(res, *extra):
+    return ["--profile", "smoke", "--overrides", json.dumps(TINY), "--results", str(res),
+            "--device", "cpu", "--no-progress", *extra]  # fmt: skip
+
+
+def _run(res, ref, *extra):
+    argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--seed", "0"]
+    return cli.main([*argv, *_common(res, "--reference-out", str(ref)), *extra])
+
+
+def test_stop_after_and_budget_seconds_do_not_mix(tmp_path, capsys):
+    assert _run(tmp_path, tmp_path, "--stop-after", "5", "--budget-seconds", "5") == cli.EXIT_USAGE
+    assert "do not mix" in capsys.readouterr().err
+    assert _run(tmp_path, tmp_path, "--stop-after", "-1") == cli.EXIT_USAGE
+    assert "positive" in capsys.readouterr().err
+    assert cli.EXIT_STOPPED == 75 and "run the same command again" in cli.EXIT_CODES[75]
+
+
+def test_a_stop_inside_training_is_caught_and_its_time_kept(tmp_path, monkeypatch, capsys):
+    """What the trainer's ``deadline.check`` raises after a saved epoch reaches the CLI: exit 75
+    and the message; the attempt's time is kept for the method's wall time."""
+
+    def stopped(dataset, method, *a, **k):
+        raise StopForTime("after 3 of 100; the next would end past the deadline")
+
+    monkeypatch.setattr(cli, "train_one", stopped)
+    assert _run(tmp_path / "r", tmp_path / "ref", "--stop-after", "500") == cli.EXIT_STOPPED
+    err = capsys.readouterr().err
+    assert "stopped for time (after 3 of 100" in err and cli.STOPPED_MESSAGE in err
+    times = json.loads((store.seed_dir("smoke", "digits", 0, tmp_path / "r") / "run_times.json")
+                       .read_text())  # fmt: skip
+    assert set(times["pending"]) == {"CCU"} and times["calls"][0]["stopped"].startswith("after 3")
+
+
+def _snapshot(res, ref) -> dict:
+    """Every result file of the run, without what depends on the clock or the calls."""
+    clock_keys = {"train_seconds", "wall_seconds", "attack_seconds", "seconds", "loaded",
+                  "wall_seconds_total", "wall_seconds_per_method", "calls"}  # fmt: skip
+
+    def clean(o):
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items() if k not in clock_keys}
+        return [clean(v) for v in o] if isinstance(o, list) else o
+
+    out = {}
+    for base in (res, ref):
+        for p in sorted(base.rglob("*")):
+            rel = f"{base.name}/{p.relative_to(base)}"
+            if not p.is_file() or p.name in {".lock", "run_times.json"} or "tables" in p.parts:
+                continue
+            if p.suffix == ".json":
+                out[rel] = clean(json.loads(p.read_text()))
+            elif p.suffix == ".npz":
+                with np.load(p) as z:
+                    out[rel] = {k: z[k].tolist() for k in z.files}
+            else:
+                out[rel] = p.read_bytes()
+    return out
+
+
+def _calls_until_done(res, ref, limit=8) -> list[int]:
+    codes = []
+    while not codes or codes[-1] == cli.EXIT_STOPPED:
+        codes.append(_run(res, ref, "--stop-after", "50"))
+        assert len(codes) <= limit, codes
+    return codes
+
+
+def test_a_run_stopped_between_methods_resumes_to_the_same_files(tmp_path, monkeypatch):
+    _run(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
+    clock = FakeClock()
+    monkeypatch.setattr(time_box, "clock", clock)
+    train_one = cli.train_one
+
+    def slow(*a, **k):  # each method trained (not loaded) takes 100 s of the fake clock
+        stamp = train_one(*a, **k)
+        clock.t += 0 if stamp["loaded"] else 100
+        return stamp
+
+    monkeypatch.setattr(cli, "train_one", slow)
+    res, ref = tmp_path / "boxed" / "res", tmp_path / "boxed" / "ref"
+    # CCU, stop before Base; Base, stop before the attack; the attack and the copy
+    assert _calls_until_done(res, ref) == [75, 75, 0]
+    snap = _snapshot(res, ref)
+    assert snap == _snapshot(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
+    assert {"res/smoke/digits/seed0/CCU/model.pt", "ref/smoke/digits/table1.json"} <= set(snap)
+    t1 = json.loads((ref / "smoke" / "digits" / "table1.json").read_text())
+    assert t1["calls"] == 3 and set(t1["wall_seconds_per_method"]) == {"Base", "CCU"}
+    times = json.loads((store.seed_dir("smoke", "digits", 0, res) / "run_times.json").read_text())
+    assert times["calls"] == [] and times["pending"] == {}  # finished: the next run starts afresh
+
+
+def test_a_run_stopped_after_an_epoch_resumes_to_the_same_files(tmp_path, monkeypatch):
+    """The trainer's hook (``deadline.check(epoch + 1, self.epochs)`` after each checkpoint),
+    simulated here where ccu/train.py does not call it yet: each epoch takes 10 s."""
+    from ccu.train import Trainer
+
+    _run(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
+    clock = FakeClock()
+    monkeypatch.setattr(time_box, "clock", clock)
+    save = Trainer._save
+    trainer_checks = "deadline.check" in inspect.getsource(Trainer.fit)
+
+    def timed_save(self, path, epoch, *a, **k):
+        save(self, path, epoch, *a, **k)
+        clock.t += 10
+        if not trainer_checks:
+            time_box.check(epoch, self.epochs)
+
+    monkeypatch.setattr(Trainer, "_save", timed_save)
+    res, ref = tmp_path / "boxed" / "res", tmp_path / "boxed" / "ref"
+    argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--seed", "0"]
+    argv += _common(res, "--reference-out", str(ref), "--stop-after", "15")
+    codes = [cli.main(argv) for _ in range(3)]
+    # epoch 1 of CCU; epoch 2 of CCU and epoch 1 of Base; epoch 2 of Base and the rest
+    assert codes == [75, 75, 0]
+    assert _snapshot(res, ref) == _snapshot(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
+
+
+# ----------------------------------------------------------------------------- profile names
+def test_a_reduced_paper_profile_is_named_after_its_changes(capsys):
+    assert config.get_profile("paper").name == "paper"
+    assert config.get_profile("paper", epochs=100).name == "paper"  # no change: the paper's
+    assert config.get_profile("paper", epochs=30).name == "paper-e30"
+    p = config.get_profile("paper", n_seeds=50, epochs=30, n_train=None, vgg_methods=["MCD"])
+    assert p.name == "paper-e30-seeds50-vgg_methodsMCD" and p.epochs == 30
+    assert config.get_profile("smoke", epochs=3).name == "smoke"  # reduced profiles keep theirs
+    # the name cannot be set: a reduced run never calls itself "paper"
+    argv = ["train", "--dataset", "digits", "--method", "Base", "--profile", "paper"]
+    assert cli.main([*argv, "--overrides", '{"name": "paper", "epochs": 3}']) == cli.EXIT_USAGE
+    assert "name" in capsys.readouterr().err
+
+
+def test_a_reduced_paper_run_never_writes_where_paper_runs_do(tmp_path):
+    small = dict(TINY, epochs=1, n_components=5, paper_networks=False)
+    label = config.get_profile("paper", **small).name
+    assert label.startswith("paper-e1-") and "k5" in label
+    res, ref = tmp_path / "res", tmp_path / "ref"
+    argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--profile", "paper"]
+    argv += ["--overrides", json.dumps(small), "--results", str(res), "--reference-out", str(ref)]
+    assert cli.main([*argv, "--device", "cpu", "--no-progress"]) == cli.EXIT_OK
+    assert [p.name for p in ref.iterdir()] == [label] and [p.name for p in res.iterdir()] == [label]
+    t1 = json.loads((ref / label / "digits" / "table1.json").read_text())
+    cfg = json.loads((ref / label / "digits" / "CCU.config.json").read_text())
+    assert cfg["profile"]["name"] == label and cfg["profile"]["epochs"] == 1 and "commit" in t1
+
+
+# ----------------------------------------------------------------------------- the device script
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_device_run_smoke_resume_repeats_until_done_and_sends_small_files(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path / "out"), CCU_RESULTS=str(tmp_path / "res"),
+               REFERENCE_OUT=str(tmp_path / "reference-results"), STOP_AFTER="0.001",
+               DEVICE="cpu", THREADS="1", CCU_DATA_ROOT=str(tmp_path / "data"))  # fmt: skip
+    codes = []
+    while not codes or codes[-1] == 75:
+        run = subprocess.run(
+            ["bash", "tools/device_run.sh", "smoke-resume"],
+            cwd=cli.REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        codes.append(run.returncode)
+        assert len(codes) <= 6, run.stdout + run.stderr
+    # every call makes progress however short its time: CCU; Base; the attack
+    assert codes == [75, 75, 0], run.stdout + run.stderr
+    assert "stopped for time; run the same stage again" not in run.stdout
+    assert "smoke-resume done" in run.stdout
+    tgz = tmp_path / "out" / "smoke-resume.tgz"
+    assert tgz.stat().st_size < 16 << 20 and (tmp_path / "out" / "smoke-resume.log").is_file()
+    with tarfile.open(tgz) as tf:
+        names = set(tf.getnames())
+    assert "reference-results/smoke/digits/table1.json" in names
+    assert "progress/smoke/digits/seed0/CCU/metrics.json" in names
+    assert not any(n.endswith((".pt", ".npz")) and n.startswith("progress/") for n in names)
+    bad = subprocess.run(["bash", "tools/device_run.sh", "nope"], cwd=cli.REPO, env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "mnist-paper" in bad.stderr
