@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.std import tqdm
 
+from ccu import deadline
 from ccu.config import TrainSettings
 from ccu.data import Dataset
 from ccu.data.loaders import PairedLoader
@@ -171,6 +172,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
                 if checkpoint is not None:
                     self._save(Path(checkpoint), epoch + 1, model, opt, loader, hist)
+                    deadline.check(epoch + 1, self.epochs)  # `ccu run --stop-after`: stop here
         model.eval()
         return hist
 
@@ -234,35 +236,49 @@ class Trainer:
             "model": model.state_dict(),
             "optimizer": opt.state_dict(),
             "loader": loader.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state(self.device)
-            if self.device.type == "cuda"
-            else None,
+            **rng_state(self.device),
             "history": {k: list(v) for k, v in hist.__dict__.items()},
         }
         write_torch(path, state)  # atomic: a killed run never leaves a half-written checkpoint
 
     def _resume(self, path: Path, model, opt, sched, loader):
-        try:
-            state = torch.load(path, map_location=self.device, weights_only=True)
-        except Exception as exc:
-            raise CorruptResultError(
-                f"checkpoint {path} cannot be read ({exc}); delete it to train from scratch."
-            ) from exc
-        if state.get("epochs") != self.epochs:
-            raise ValueError(
-                f"checkpoint {path} is for a {state.get('epochs')}-epoch run, this one has "
-                f"{self.epochs} epochs; delete it or use the same settings."
-            )
+        state = load_checkpoint(path, self.device, self.epochs)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
-        torch.set_rng_state(state["torch_rng"].cpu())
-        if state.get("cuda_rng") is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
+        restore_rng(state, self.device)
         for _ in range(state["epoch"]):
             sched.last_epoch += 1  # the learning rates themselves come with the optimiser state
         return state["epoch"], History(**state["history"])
+
+
+def rng_state(device: torch.device) -> dict:
+    """The global RNG states a checkpoint keeps (the CPU's, and the GPU's on CUDA)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"torch_rng": torch.get_rng_state(), "cuda_rng": cuda}
+
+
+def restore_rng(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if state.get("cuda_rng") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+
+
+def load_checkpoint(path: Path, device, epochs: int) -> dict:
+    """A training checkpoint (``weights_only``), refused with a clear error when unreadable or
+    written by a run of another length."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:
+        raise CorruptResultError(
+            f"checkpoint {path} cannot be read ({exc}); delete it to train from scratch."
+        ) from exc
+    if state.get("epochs") != epochs:
+        raise ValueError(
+            f"checkpoint {path} is for a {state.get('epochs')}-epoch run, this one has "
+            f"{epochs} epochs; delete it or use the same settings."
+        )
+    return state
 
 
 def check_training_data(data: Dataset) -> None:

@@ -287,3 +287,43 @@ def test_run_method_records_the_precision_and_does_not_mix_them(tmp_path):
     }  # GAN has its own loop
     with pytest.raises(ValueError, match="unknown precision 'half'"):
         get_method("Base")(spec, settings, prof, precision="half")
+
+
+def test_gan_resumes_exactly_from_its_epoch_checkpoint(tmp_path):
+    """GAN's own loop checkpoints every epoch too: killed after epoch 1 and run again, it ends
+    with the weights of an uninterrupted run (and `ccu run --stop-after` can stop it there)."""
+    import ccu.methods.gan as gan_module
+    from ccu.methods import get_method
+
+    data = _digits(200)
+    prof = ccu.get_profile("smoke", epochs=3, n_train=200)
+
+    def fresh():
+        m = get_method("GAN")(data.spec, ccu.train_settings("digits"), prof)
+        m.progress = False
+        m.build(data)
+        return m
+
+    full = fresh()
+    full.fit(data)
+    ckpt = tmp_path / "checkpoint.pt"
+    write = gan_module.write_torch
+
+    def write_then_die(path, state):
+        write(path, state)
+        raise KeyboardInterrupt
+
+    gan_module.write_torch = write_then_die
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fresh().fit(data, checkpoint=ckpt)
+    finally:
+        gan_module.write_torch = write
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 1
+    resumed = fresh()
+    hist = resumed.fit(data, checkpoint=ckpt)
+    assert len(hist.loss) == 3
+    for a, b in zip(
+        full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

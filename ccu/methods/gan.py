@@ -10,16 +10,26 @@ network. G and D are small fully connected networks.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.std import tqdm
 
+from ccu import deadline
 from ccu.data.loaders import PairedLoader
 from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import BaseMethod, register_method
-from ccu.train import History, Trainer, check_training_data
+from ccu.results import write_torch
+from ccu.train import (
+    History,
+    Trainer,
+    check_training_data,
+    load_checkpoint,
+    restore_rng,
+    rng_state,
+)
 
 
 def kl_uniform(logits: torch.Tensor) -> torch.Tensor:
@@ -100,9 +110,20 @@ class GANMethod(BaseMethod):
             data, self.settings.batch_size, self.seed, self.settings.augment, False, self.device
         )
         noise = torch.Generator().manual_seed(self.seed + 1)
-        hist = History()
+        hist, start, epochs = History(), 0, self.profile.epochs
+        opts = {"classifier": opt_c, "generator": opt_g, "discriminator": opt_d}
         check_training_data(data)
-        for _ in tqdm(range(self.profile.epochs), disable=not self.progress, desc="train GAN"):
+        if checkpoint is not None and Path(checkpoint).exists():  # resume after its last epoch
+            state = load_checkpoint(Path(checkpoint), self.device, epochs)
+            m.load_state_dict(state["model"])
+            for name, opt in opts.items():
+                opt.load_state_dict(state["optimizers"][name])
+            loader.load_state_dict(state["loader"])
+            noise.set_state(state["noise"])
+            restore_rng(state, self.device)
+            hist, start = History(**state["history"]), state["epoch"]
+        bar = tqdm(range(start, epochs), disable=not self.progress, desc="train GAN", initial=start)
+        for epoch in bar:
             # sums on the device, read once per epoch (as ccu.Trainer does)
             sums, n = torch.zeros(2, dtype=torch.float64, device=self.device), 0
             for x, y, _ in loader:
@@ -137,5 +158,18 @@ class GANMethod(BaseMethod):
             tot, correct = sums.tolist()
             hist.loss.append(tot / n)
             hist.accuracy.append(correct / n)
+            if checkpoint is not None:
+                state = {
+                    "epoch": epoch + 1,
+                    "epochs": epochs,
+                    "model": m.state_dict(),
+                    "optimizers": {k: o.state_dict() for k, o in opts.items()},
+                    "loader": loader.state_dict(),
+                    "noise": noise.get_state(),
+                    **rng_state(self.device),
+                    "history": {k: list(v) for k, v in hist.__dict__.items()},
+                }
+                write_torch(Path(checkpoint), state)
+                deadline.check(epoch + 1, epochs)  # `ccu run --stop-after`: stop here
         m.eval()
         return hist
