@@ -163,6 +163,15 @@ def _device(args) -> str:
     return args.device
 
 
+def _train_options(args) -> dict:
+    """The trainer's speed options from the command line (see :class:`ccu.Trainer`)."""
+    return {
+        "precision": getattr(args, "precision", "float32"),
+        "channels_last": getattr(args, "channels_last", False),
+        "compile": getattr(args, "compile", False),
+    }
+
+
 def _device_name(device: str) -> str:
     import torch
 
@@ -206,13 +215,17 @@ def _load_data(dataset: str, prof, seed: int):
     return load_dataset(dataset, seed=seed).subset(prof.n_train)
 
 
-def train_one(dataset, method, prof, seed, device, root=None, data=None) -> dict:
-    """Train (or load) one method; writes ``trained.json`` (the workflow's marker) and returns it."""
+def train_one(dataset, method, prof, seed, device, root=None, data=None, **options) -> dict:
+    """Train (or load) one method; writes ``trained.json`` (the workflow's marker) and returns it.
+    ``options``: :class:`ccu.Trainer`'s speed options (``precision``, ``channels_last``,
+    ``compile``)."""
     from ccu import experiment
     from ccu import results as store
 
     start = time.perf_counter()
-    run = experiment.run_method(dataset, method, prof, seed, device, data=data, root=root)
+    run = experiment.run_method(
+        dataset, method, prof, seed, device, data=data, root=root, **options
+    )
     stamp = {
         "dataset": dataset,
         "method": method,
@@ -295,7 +308,7 @@ def evaluate_one(dataset, method, prof, seed, root=None) -> dict:
     return out
 
 
-def attack_dataset(dataset, methods, prof, seed, device, root=None, data=None):
+def attack_dataset(dataset, methods, prof, seed, device, root=None, data=None, **options):
     """Certify CCU's balls around noise and attack every method in them (Table 1)."""
     from ccu import experiment
     from ccu.methods import ordered
@@ -307,7 +320,9 @@ def attack_dataset(dataset, methods, prof, seed, device, root=None, data=None):
     data = data if data is not None else _load_data(dataset, prof, seed)
     runs = {}
     for m in ["CCU", *[m for m in ordered(methods) if m != "CCU"]]:
-        runs[m] = experiment.run_method(dataset, m, prof, seed, device, data=data, root=root)
+        runs[m] = experiment.run_method(
+            dataset, m, prof, seed, device, data=data, root=root, **options
+        )
     return experiment.adversarial_noise(runs, data, prof, seed, root=root)
 
 
@@ -396,7 +411,9 @@ def cmd_methods(args) -> int:
 def cmd_train(args) -> int:
     prof = _profile(args)
     device = _device(args)
-    stamp = train_one(args.dataset, args.method, prof, args.seed, device, _root(args))
+    stamp = train_one(
+        args.dataset, args.method, prof, args.seed, device, _root(args), **_train_options(args)
+    )
     how = "loaded" if stamp["loaded"] else "trained"
     print(
         f"{args.method} on {args.dataset} (profile {prof.name}, seed {args.seed}): {how} in "
@@ -429,7 +446,9 @@ def cmd_attack(args) -> int:
     prof = _profile(args)
     device = _device(args)
     methods = args.method or _trained_methods(args.dataset, prof, args.seed, _root(args))
-    adv = attack_dataset(args.dataset, methods, prof, args.seed, device, _root(args))
+    adv = attack_dataset(
+        args.dataset, methods, prof, args.seed, device, _root(args), **_train_options(args)
+    )
     s = adv.summary
     print(
         f"{args.dataset} (profile {prof.name}, seed {args.seed}): {s['n_certified']} of "
@@ -581,6 +600,7 @@ def _run_seed(args, dataset, seed, prof, device, root, order, box: TimeBox) -> N
     from ccu.deadline import StopForTime
 
     times = RunTimes(store.seed_dir(prof.name, dataset, seed, root))
+    options = _train_options(args)
     try:
         data = _load_data(dataset, prof, seed)
         done, skipped = [], []
@@ -594,7 +614,7 @@ def _run_seed(args, dataset, seed, prof, device, root, order, box: TimeBox) -> N
             bar.set_postfix_str(m)
             began = time.perf_counter()
             try:
-                stamp = train_one(dataset, m, prof, seed, device, root, data=data)
+                stamp = train_one(dataset, m, prof, seed, device, root, data=data, **options)
             except BaseException:  # stopped for time or interrupted: the attempt's time counts
                 times.method(m, time.perf_counter() - began, finished=False)
                 box.worked = True
@@ -608,7 +628,7 @@ def _run_seed(args, dataset, seed, prof, device, root, order, box: TimeBox) -> N
         if skipped:
             _say(f"skipped for the time budget: {', '.join(skipped)}")
         box.stop_before(f"the attack on {dataset} seed {seed}")
-        attack_dataset(dataset, done, prof, seed, device, root, data=data)
+        attack_dataset(dataset, done, prof, seed, device, root, data=data, **options)
         box.worked = True
         if args.reference_out:
             extra = {
@@ -663,6 +683,19 @@ def build_parser() -> argparse.ArgumentParser:
         "what the workflow passes on multi-GPU machines (ignored under Slurm and for --device cpu)",
     )
     common.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    common.add_argument(
+        "--precision",
+        choices=["float32", "bf16"],
+        default="float32",
+        help="bf16: train the classifiers under bfloat16 autocast (GPU; densities and "
+        "certificates stay float32/float64; part of a run's config)",
+    )
+    common.add_argument(
+        "--channels-last", action="store_true", help="channels_last tensors for the classifiers"
+    )
+    common.add_argument(
+        "--compile", action="store_true", help="torch.compile the classifiers while training"
+    )
     common.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     def one(p, flag, kind, valid, many=False):

@@ -189,3 +189,19 @@ def test_reference_run_py_is_a_front_of_ccu_run():
     assert argv[argv.index("--profile") + 1] == "cpu"  # its old defaults
     args = cli.build_parser().parse_args(argv)
     assert args.func is cli.cmd_run and args.budget_seconds == 60.0
+
+
+def test_precision_reaches_the_runs_and_a_bf16_run_is_reused_only_as_bf16(tmp_path, capsys):
+    base = ["--dataset", "digits", "--profile", "smoke", "--overrides", json.dumps(TINY)]
+    base += ["--results", str(tmp_path), "--device", "cpu", "--no-progress"]
+    assert cli.main(["train", *base, "--method", "Base", "--precision", "bf16"]) == 0
+    run_dir = store.method_dir("smoke", "digits", "Base", tmp_path, 0)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["precision"] == "bf16" and config["trainer_options"]["precision"] == "bf16"
+    stamp = json.loads((run_dir / "trained.json").read_text())
+    assert cli.main(["train", *base, "--method", "Base", "--precision", "bf16"]) == 0
+    again = json.loads((run_dir / "trained.json").read_text())
+    assert again["loaded"] and not stamp["loaded"]
+    assert cli.main(["train", *base, "--method", "Base"]) == 0  # float32: trained anew
+    assert not json.loads((run_dir / "trained.json").read_text())["loaded"]
+    capsys.readouterr()
