@@ -116,7 +116,8 @@ def reference_caption(dataset: str, ref: dict) -> str:
     commit = str(cfg.get("commit") or "?")[:10]
     device = ref.get("table1", {}).get("device_name") or cfg.get("device", "?")
     return (
-        f"{dataset}, reference run of profile {cfg['profile']['name']}, seed {cfg['seed']}, "
+        f"{ref.get('dataset', dataset)}, reference run of profile {cfg['profile']['name']}, "
+        f"seed {cfg['seed']}, "
         f"{device}, commit {commit}, ccu {cfg.get('ccu_version', '?')}"
     )
 
@@ -297,7 +298,7 @@ def reference_ood_tables(refs: dict) -> list:
     for name, ref in refs.items():
         caption = reference_caption(name, ref)
         for metric, title in (("auroc", "AUROC (%)"), ("aupr_in", "AUPR-In (%)")):
-            table = report.ood_table(ref["metrics"], name, metric)
+            table = report.ood_table(ref["metrics"], ref.get("dataset", name), metric)
             out.append(report.styled(table, f"{title}, {caption}"))
     return out
 
@@ -312,9 +313,10 @@ def reference_attack_tables(refs: dict) -> list:
     for name, ref in refs.items():
         caption, ccu_metrics = reference_caption(name, ref), ref["metrics"]["CCU"]
         out.append(Markdown(reference_summary(name, ref)))
+        dataset = ref.get("dataset", name)  # keys of every_reference_run are labels
         out.append(
-            report.styled(report.attack_table(ref["table1"], name), f"Table 1 (%), {caption}")
+            report.styled(report.attack_table(ref["table1"], dataset), f"Table 1 (%), {caption}")
         )
-        p_stats = report.p_stats_row(ccu_metrics, name, ccu_metrics["n_test"])
+        p_stats = report.p_stats_row(ccu_metrics, dataset, ccu_metrics["n_test"])
         out.append(report.styled(p_stats, f"P_Stats, {caption}", 2))
     return out

@@ -146,6 +146,24 @@ def reference_runs(profile: str, root: Path | None = None) -> dict[str, dict]:
     return {n: load_reference(profile, n, root) for n in names}
 
 
+def reference_profiles(root: Path | None = None) -> list[str]:
+    """The profiles with committed reference runs: ``paper`` first, then reduced paper variants
+    (``paper-e30``...), then the rest (``cpu``); ``densities`` (a comparison) is not one."""
+    d = Path(root or REFERENCE_RESULTS)
+    names = [p.name for p in d.glob("*") if p.is_dir() and p.name != "densities"]
+    return sorted(names, key=lambda n: (n != "paper", not n.startswith("paper"), n))
+
+
+def every_reference_run(root: Path | None = None) -> dict[str, dict]:
+    """Every committed reference run of every profile (:func:`reference_profiles` order),
+    keyed ``"<dataset> (<profile>)"``; each holds its dataset in ``ref["dataset"]``."""
+    out = {}
+    for profile in reference_profiles(root):
+        for dataset, ref in reference_runs(profile, root).items():
+            out[f"{dataset} ({profile})"] = dict(ref, dataset=dataset, profile=profile)
+    return out
+
+
 def reference_or_none(profile: str, dataset: str, root: Path | None = None) -> dict | None:
     """:func:`load_reference`, or ``None`` (saying why) when no reference results exist."""
     try:

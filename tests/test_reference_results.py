@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ccu
-from ccu import report
+from ccu import chapter, report
 from ccu.methods import METHOD_ORDER
 
 REFS = report.reference_runs("cpu")
@@ -73,3 +73,17 @@ def test_the_density_comparison_reference():
             assert ref["config"][m]["density_family"] == ("gmm" if m == "CCU" else m[4:])
         table = report.density_comparison(ref["metrics"], t1, ref["config"])
         assert list(table.index) == certifying
+
+
+def test_reference_profiles_put_the_paper_first_and_label_every_run(tmp_path):
+    import shutil
+
+    src = report.REFERENCE_RESULTS / "cpu" / "mnist-offline"
+    for profile in ("cpu", "paper-e30", "paper", "densities"):
+        shutil.copytree(src, tmp_path / profile / "mnist-offline")
+    assert report.reference_profiles(tmp_path) == ["paper", "paper-e30", "cpu"]
+    runs = report.every_reference_run(tmp_path)
+    assert list(runs) == [f"mnist-offline ({p})" for p in ("paper", "paper-e30", "cpu")]
+    assert all(r["dataset"] == "mnist-offline" for r in runs.values())
+    tables = chapter.reference_ood_tables({"mnist-offline (paper)": runs["mnist-offline (paper)"]})
+    assert len(tables) == 2  # AUROC and AUPR-In, with the paper's values looked up by dataset
