@@ -23,7 +23,7 @@ Usage::
 
     python benchmarks/bench_gpu.py                 # on a GPU: full sizes
     python benchmarks/bench_gpu.py --small         # on the CPU: 4,000 / 1,000 images, short attack
-    python benchmarks/bench_gpu.py --out benchmarks/results/bench_gpu_cpu.json
+    python benchmarks/bench_gpu.py --out benchmarks/timings/bench_gpu_cpu.json
 
 With ``--check-syncs`` (CUDA only) one new-pipeline epoch runs under
 ``torch.cuda.set_sync_debug_mode("warn")`` and the number of host syncs is reported.

@@ -243,7 +243,7 @@ def training_table(runs: dict) -> pd.DataFrame:
     return pd.DataFrame(rows).T.infer_objects()
 
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks" / "timings"
 
 
 def pipeline_benchmarks(directory: Path | None = None) -> pd.DataFrame:
@@ -272,4 +272,6 @@ def pipeline_benchmarks(directory: Path | None = None) -> pd.DataFrame:
                         "input pipeline speed-up": r.get("loader_speedup", np.nan),
                     }
                 )
-    return pd.DataFrame(rows)
+    columns = ["device", "network", "method", "images per epoch", "old epoch (s)"]
+    columns += ["new epoch (s)", "speed-up", "images/s", "input pipeline speed-up"]
+    return pd.DataFrame(rows, columns=columns)

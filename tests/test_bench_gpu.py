@@ -23,3 +23,11 @@ def test_bench_gpu_runs_small(tmp_path):
         assert row["speedup"] == row["old_epoch_s"] / row["new_epoch_s"]
     assert r["steps_per_epoch"] == 2 and r["attack"]["seeds"] == 3
     assert out.exists() and any("CCU step / Base step" in line for line in bench.summary(result))
+
+
+def test_the_committed_timings_are_found_by_the_training_chapter():
+    from ccu import report
+
+    table = report.pipeline_benchmarks()
+    assert {"lenet", "resnet18"} <= set(table["network"]) and len(table) >= 4
+    assert (table["speed-up"] > 0).all() and (table["input pipeline speed-up"] > 1).all()

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -70,9 +72,11 @@ def test_training_on_digits(kind):
         assert min(hist.constraint_gap) >= 0.6931471805599453 - 1e-6
 
 
-def test_checkpoint_resume_gives_the_same_weights(tmp_path):
+@pytest.mark.parametrize("augment", [False, True])
+def test_checkpoint_resume_gives_the_same_weights(tmp_path, augment):
+    """Exact on the CPU, also with the device-side augmentation drawn from the loader's plan."""
     data = load_dataset("digits").subset(300)
-    settings = ccu.train_settings("digits")
+    settings = replace(ccu.train_settings("digits"), augment=augment)
 
     def fresh():
         torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """The device-resident training pipeline: batched augmentation, the loader's epoch plan, the
 trainer's on-device accumulation (no read-back within an epoch), bf16 for the classifier only,
-channels_last, and exact resume with augmentation."""
+channels_last (exact resume with augmentation: tests/test_data_and_training.py)."""
 
 from __future__ import annotations
 
@@ -200,37 +200,6 @@ def test_bf16_and_channels_last_for_a_plain_classifier():
     assert dtypes == {torch.bfloat16}
     conv = next(p for p in clf.parameters() if p.ndim == 4)
     assert conv.is_contiguous()  # back to the default format after training
-
-
-def test_resume_is_exact_with_augmentation(tmp_path):
-    data = _digits()
-    settings = replace(ccu.train_settings("digits"), augment=True)
-
-    def fresh():
-        torch.manual_seed(0)
-        clf = ccu.make_classifier("mlp", data.spec.shape, 10, hidden=16)
-        return ccu.init_ccu(clf, data.train_x, data.out_x, 10, 3)
-
-    full = fresh()
-    ccu.Trainer(3, settings, progress=False).fit(full, data)
-    ckpt = tmp_path / "checkpoint.pt"
-    save = ccu.Trainer._save
-
-    def save_then_die(self, path, epoch, *args):
-        save(self, path, epoch, *args)
-        if epoch == 1:
-            raise KeyboardInterrupt
-
-    ccu.Trainer._save = save_then_die
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ccu.Trainer(3, settings, progress=False).fit(fresh(), data, checkpoint=ckpt)
-    finally:
-        ccu.Trainer._save = save
-    resumed = fresh()
-    ccu.Trainer(3, settings, progress=False).fit(resumed, data, checkpoint=ckpt)
-    for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_bad_training_data_is_refused_once_up_front():

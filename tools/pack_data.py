@@ -52,6 +52,8 @@ class PackError(Exception):
 
 
 def _sha256(path: Path) -> str:
+    # not ccu.data.sources.sha256: `--gather` runs on the device with the standard library
+    # alone (importing ccu would import torch)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(MIB), b""):

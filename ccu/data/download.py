@@ -8,23 +8,23 @@ md5 before it takes its final name, so a broken download is never mistaken for d
 
 from __future__ import annotations
 
-import hashlib
 import os
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ccu.data.sources import CorruptDataError, DataNotFoundError, downloads_allowed
+from ccu.data.sources import (
+    CorruptDataError,
+    DataNotFoundError,
+    downloads_allowed,
+    file_digest,
+)
 
 CHUNK = 1 << 20
 
 
 def md5(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_digest(path, "md5")
 
 
 def download(url: str, dest: Path, md5sum: str, timeout: float = 60.0, progress=None) -> Path:

@@ -109,12 +109,17 @@ def mirror_dirs(root: str | os.PathLike | None = None) -> list[Path]:
     return dirs
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    """The hex digest of a file, read in 1 MiB blocks (``hashlib.file_digest`` needs 3.11)."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def sha256(path: Path) -> str:
+    return file_digest(path, "sha256")
 
 
 #: (path, size, mtime) -> sha256, so that a file is hashed once per process while unchanged.
