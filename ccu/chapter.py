@@ -86,9 +86,14 @@ def setup_chapter(
 
 
 def glue(name: str, value, display: bool = False) -> None:
-    """``myst_nb.glue`` without display: a value the prose quotes with the ``glue:text`` role."""
+    """``myst_nb.glue`` without display: a value the prose quotes with the ``glue:text`` role.
+
+    NumPy scalars are glued as Python numbers: the role formats the value's text form, and
+    ``np.float64(8.4)`` (NumPy 2's repr) is not a number to it."""
     from myst_nb import glue as _glue
 
+    if isinstance(value, np.generic):
+        value = value.item()
     _glue(name, value, display=display)
 
 

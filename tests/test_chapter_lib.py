@@ -193,3 +193,16 @@ def test_reference_tables_and_captions():
     assert len(shown) == 3 * len(refs)
     assert "median certified radius" in shown[0].data
     assert "Table 1" in shown[1].to_html()
+
+
+def test_glue_passes_numpy_scalars_as_python_numbers(monkeypatch):
+    import myst_nb
+
+    import ccu.chapter as chapter_module
+
+    seen = {}
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: seen.update({name: value}))
+    chapter_module.glue("x", np.float64(8.5))
+    chapter_module.glue("n", np.int64(3))
+    assert seen == {"x": 8.5, "n": 3}
+    assert type(seen["x"]) is float and type(seen["n"]) is int
