@@ -64,9 +64,9 @@ def _sync(device):
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    threads = torch.get_num_threads()
     return (
-        f"CPU ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch "
-        "thread(s))"
+        f"CPU {platform.machine()}, {os.cpu_count()} cores, {threads} thread{'s' * (threads > 1)}"
     )
 
 

@@ -247,31 +247,30 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks" / "timings"
 
 
 def pipeline_benchmarks(directory: Path | None = None) -> pd.DataFrame:
-    """The committed runs of ``benchmarks/bench_gpu.py`` (chapter *Training*): per device,
-    network and method, the old (host-fed) and the new (device-resident) epoch time, the
-    speed-up, images/s and the input pipeline alone. Empty when none is committed."""
-    rows = []
+    """The committed runs of ``benchmarks/bench_gpu.py`` (chapter *Training*), one row per
+    device, network and method (the index): the old (host-fed) and the new (device-resident)
+    epoch time, the speed-up, images/s and the speed-up of the input pipeline alone. Empty when
+    none is committed."""
+    columns = ["images", "old epoch (s)", "new epoch (s)", "speed-up", "images/s"]
+    columns += ["loader speed-up"]
+    rows, index = [], []
     for path in sorted(Path(directory or BENCHMARKS).glob("bench_gpu_*.json")):
         result = json.loads(path.read_text())
         for kind in ("lenet", "resnet18"):
             r = result.get(kind)
-            if r is None:
-                continue
-            for method in ("Base", "CCU"):
+            for method in ("Base", "CCU") if r is not None else ():
                 row = r[method]
+                index.append((result["device"], kind, method))
                 rows.append(
-                    {
-                        "device": result["device"],
-                        "network": kind,
-                        "method": method,
-                        "images per epoch": r["n_in"],
-                        "old epoch (s)": row.get("old_epoch_s", np.nan),
-                        "new epoch (s)": row["new_epoch_s"],
-                        "speed-up": row.get("speedup", np.nan),
-                        "images/s": row["new_images_per_s"],
-                        "input pipeline speed-up": r.get("loader_speedup", np.nan),
-                    }
+                    [
+                        r["n_in"],
+                        row.get("old_epoch_s", np.nan),
+                        row["new_epoch_s"],
+                        row.get("speedup", np.nan),
+                        row["new_images_per_s"],
+                        r.get("loader_speedup", np.nan),
+                    ]
                 )
-    columns = ["device", "network", "method", "images per epoch", "old epoch (s)"]
-    columns += ["new epoch (s)", "speed-up", "images/s", "input pipeline speed-up"]
-    return pd.DataFrame(rows, columns=columns)
+    names = ["device", "network", "method"]
+    index = pd.MultiIndex.from_tuples(index, names=names) if index else None
+    return pd.DataFrame(rows, columns=columns, index=index)
