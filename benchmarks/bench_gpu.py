@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -114,7 +115,7 @@ def _old_batches(data: Dataset, batch_size: int, with_out: bool, gen, device):
 
 def _old_constraint(model: CCU) -> None:
     gin, gout = model.density_in, model.density_out
-    gout.raise_log_variances_(float(gin.log_variance_range()[1]) + 2.0 * 0.6931471805599453)
+    gout.raise_log_variances_(float(gin.log_variance_range()[1]) + 2.0 * math.log(2.0))
 
 
 def old_epoch(model, data, settings, device, gen) -> None:

@@ -166,9 +166,9 @@ def _device(args) -> str:
 def _train_options(args) -> dict:
     """The trainer's speed options from the command line (see :class:`ccu.Trainer`)."""
     return {
-        "precision": getattr(args, "precision", "float32"),
-        "channels_last": getattr(args, "channels_last", False),
-        "compile": getattr(args, "compile", False),
+        "precision": args.precision,
+        "channels_last": args.channels_last,
+        "compile": args.compile,
     }
 
 

@@ -230,35 +230,51 @@ class Trainer:
                 classifier._compiled_call_impl = None
 
     def _save(self, path: Path, epoch, model, opt, loader, hist) -> None:
-        state = {
-            "epoch": epoch,
-            "epochs": self.epochs,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "loader": loader.state_dict(),
-            **rng_state(self.device),
-            "history": {k: list(v) for k, v in hist.__dict__.items()},
-        }
-        write_torch(path, state)  # atomic: a killed run never leaves a half-written checkpoint
+        save_training_state(
+            path, epoch, self.epochs, model, loader, hist, self.device, optimizer=opt.state_dict()
+        )
 
     def _resume(self, path: Path, model, opt, sched, loader):
-        state = load_checkpoint(path, self.device, self.epochs)
-        model.load_state_dict(state["model"])
+        state, epoch, hist = resume_training_state(path, self.epochs, model, loader, self.device)
         opt.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
-        restore_rng(state, self.device)
-        for _ in range(state["epoch"]):
+        for _ in range(epoch):
             sched.last_epoch += 1  # the learning rates themselves come with the optimiser state
-        return state["epoch"], History(**state["history"])
+        return epoch, hist
 
 
-def rng_state(device: torch.device) -> dict:
+def save_training_state(path, epoch, epochs, model, loader, hist, device, **extra) -> None:
+    """The checkpoint after ``epoch`` of ``epochs``: the model, the loader's data order, the RNG
+    states, the history and ``extra`` (the optimisers' states, ...); written atomically, so a
+    killed run never leaves a half-written checkpoint."""
+    state = {
+        "epoch": epoch,
+        "epochs": epochs,
+        "model": model.state_dict(),
+        "loader": loader.state_dict(),
+        **_rng_state(device),
+        "history": {k: list(v) for k, v in hist.__dict__.items()},
+        **extra,
+    }
+    write_torch(Path(path), state)
+
+
+def resume_training_state(path, epochs, model, loader, device) -> tuple[dict, int, History]:
+    """Load a :func:`save_training_state` checkpoint into ``model`` and ``loader`` and restore
+    the RNG states; returns ``(state, epochs done, history)`` (the caller restores ``extra``)."""
+    state = load_checkpoint(Path(path), device, epochs)
+    model.load_state_dict(state["model"])
+    loader.load_state_dict(state["loader"])
+    _restore_rng(state, device)
+    return state, state["epoch"], History(**state["history"])
+
+
+def _rng_state(device: torch.device) -> dict:
     """The global RNG states a checkpoint keeps (the CPU's, and the GPU's on CUDA)."""
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return {"torch_rng": torch.get_rng_state(), "cuda_rng": cuda}
 
 
-def restore_rng(state: dict, device: torch.device) -> None:
+def _restore_rng(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch_rng"].cpu())
     if state.get("cuda_rng") is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)

@@ -261,7 +261,7 @@ def test_run_method_records_the_precision_and_does_not_mix_them(tmp_path):
 def test_gan_resumes_exactly_from_its_epoch_checkpoint(tmp_path):
     """GAN's own loop checkpoints every epoch too: killed after epoch 1 and run again, it ends
     with the weights of an uninterrupted run (and `ccu run --stop-after` can stop it there)."""
-    import ccu.methods.gan as gan_module
+    import ccu.train as train_module
     from ccu.methods import get_method
 
     data = _digits(200)
@@ -276,18 +276,18 @@ def test_gan_resumes_exactly_from_its_epoch_checkpoint(tmp_path):
     full = fresh()
     full.fit(data)
     ckpt = tmp_path / "checkpoint.pt"
-    write = gan_module.write_torch
+    write = train_module.write_torch
 
     def write_then_die(path, state):
         write(path, state)
         raise KeyboardInterrupt
 
-    gan_module.write_torch = write_then_die
+    train_module.write_torch = write_then_die
     try:
         with pytest.raises(KeyboardInterrupt):
             fresh().fit(data, checkpoint=ckpt)
     finally:
-        gan_module.write_torch = write
+        train_module.write_torch = write
     assert torch.load(ckpt, weights_only=True)["epoch"] == 1
     resumed = fresh()
     hist = resumed.fit(data, checkpoint=ckpt)

@@ -21,14 +21,12 @@ from ccu import deadline
 from ccu.data.loaders import PairedLoader
 from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import BaseMethod, register_method
-from ccu.results import write_torch
 from ccu.train import (
     History,
     Trainer,
     check_training_data,
-    load_checkpoint,
-    restore_rng,
-    rng_state,
+    resume_training_state,
+    save_training_state,
 )
 
 
@@ -114,14 +112,10 @@ class GANMethod(BaseMethod):
         opts = {"classifier": opt_c, "generator": opt_g, "discriminator": opt_d}
         check_training_data(data)
         if checkpoint is not None and Path(checkpoint).exists():  # resume after its last epoch
-            state = load_checkpoint(Path(checkpoint), self.device, epochs)
-            m.load_state_dict(state["model"])
+            state, start, hist = resume_training_state(checkpoint, epochs, m, loader, self.device)
             for name, opt in opts.items():
                 opt.load_state_dict(state["optimizers"][name])
-            loader.load_state_dict(state["loader"])
             noise.set_state(state["noise"])
-            restore_rng(state, self.device)
-            hist, start = History(**state["history"]), state["epoch"]
         bar = tqdm(range(start, epochs), disable=not self.progress, desc="train GAN", initial=start)
         for epoch in bar:
             # sums on the device, read once per epoch (as ccu.Trainer does)
@@ -159,17 +153,11 @@ class GANMethod(BaseMethod):
             hist.loss.append(tot / n)
             hist.accuracy.append(correct / n)
             if checkpoint is not None:
-                state = {
-                    "epoch": epoch + 1,
-                    "epochs": epochs,
-                    "model": m.state_dict(),
-                    "optimizers": {k: o.state_dict() for k, o in opts.items()},
-                    "loader": loader.state_dict(),
-                    "noise": noise.get_state(),
-                    **rng_state(self.device),
-                    "history": {k: list(v) for k, v in hist.__dict__.items()},
-                }
-                write_torch(Path(checkpoint), state)
+                optimizers = {k: o.state_dict() for k, o in opts.items()}
+                save_training_state(
+                    checkpoint, epoch + 1, epochs, m, loader, hist, self.device,
+                    optimizers=optimizers, noise=noise.get_state(),
+                )  # fmt: skip
                 deadline.check(epoch + 1, epochs)  # `ccu run --stop-after`: stop here
         m.eval()
         return hist
