@@ -36,7 +36,7 @@ from ccu.model import CCU, ConstraintError, TheoremNotApplicable
 from ccu.nets import MLP, LeNet, make_classifier
 from ccu.train import Trainer, accuracy
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 import ccu.methods  # noqa: E402, F401 - registers the methods and their profile check
 

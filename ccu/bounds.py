@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ccu.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
-from ccu.density import _radius, whiten64
+from ccu.density import _radius, float64_copy, whiten64
 from ccu.metric import squared_distances
 from ccu.model import CCU
 from ccu.validation import as_tensor, check_batch
@@ -44,15 +44,27 @@ def _centres(model: CCU, x0) -> torch.Tensor:
     return check_batch(x0, model.dim, "x0")
 
 
-def _log_b_functions(model: CCU, x0: torch.Tensor):
-    """Return ``log_b(R)``: log of Corollary 1's ``b`` as a function of the radii (N,).
+def _ball_bounds(model: CCU, x0: torch.Tensor):
+    """``(upper, lower)``: the in-density's upper and the out-density's lower bound of the log
+    densities over the balls around ``x0``, as functions of the radii (N,).
 
-    The centres are whitened once (float64) for both densities: that product is the whole cost.
+    Both come from :func:`ccu.density.float64_copy` of the densities (every quantity float64,
+    from float64 parameters); the centres are whitened once, in float64, for both.
     """
     w0 = whiten64(model.metric, x0, model.dim)
-    upper = model.density_in.ball_bounds_whitened(w0).upper
-    lower = model.density_out.ball_bounds_whitened(w0).lower
+    upper = float64_copy(model.density_in).ball_bounds_whitened(w0).upper
+    lower = float64_copy(model.density_out).ball_bounds_whitened(w0).lower
+    return upper, lower
+
+
+def _log_b_functions(model: CCU, x0: torch.Tensor):
+    """Return ``log_b(R)``: log of Corollary 1's ``b`` as a function of the radii (N,)."""
+    upper, lower = _ball_bounds(model, x0)
     return lambda r: upper(r) - lower(r)
+
+
+#: relative margin of the radius search for float64 rounding (see :func:`certified_radius`)
+ROUNDING_MARGIN = 1e-9
 
 
 def _bound_from_log_b(log_b: torch.Tensor, log_lam: float, M: int) -> torch.Tensor:
@@ -95,7 +107,11 @@ def certified_radius(
     never a certificate and :func:`confidence_bound` refuses it. A finite radius (possibly 0 when
     the bound at ``R = 0`` is exactly the level) is certified: batched bisection on the monotone
     ``log b(R)`` against ``log(lam (level - 1)/(M - level))`` in float64 returns the lower end of
-    the final bracket, whose bound never exceeds ``level / M``.
+    the final bracket, whose bound never exceeds ``level / M``. A radius is accepted only with
+    ``log b(R) <= target - margin``, ``margin = ROUNDING_MARGIN (1 + |upper| + |lower| +
+    |target|)`` (:data:`ROUNDING_MARGIN` = 1e-9): the bound is computed in float64, and the
+    margin keeps the *exact* bound of the float64 model at the returned radius below the level
+    despite rounding (tested against an extended-precision evaluation).
     """
     _check_model(model)
     M = model.num_classes
@@ -107,37 +123,53 @@ def certified_radius(
         )
     x0 = _centres(model, x0)
     n = x0.shape[0]
-    log_b = _log_b_functions(model, x0)
+    upper, lower = _ball_bounds(model, x0)
     target = float(model.log_lam) + math.log(level - 1.0) - math.log(M - level)
 
+    def above(r: torch.Tensor) -> torch.Tensor:
+        # A radius is accepted only when log b is below the target by a margin for rounding:
+        # the float64 bound path sums terms of size |upper|, |lower| (up to 1e7 for images), so
+        # its result can be off by some ulps of those; ROUNDING_MARGIN (1e-9 relative, i.e.
+        # millions of ulps) keeps the exact bound of the float64 model at the returned radius
+        # <= level / M, at a cost of about 1e-9 relative in the radius.
+        up, lo = upper(r), lower(r)
+        margin = ROUNDING_MARGIN * (1.0 + up.abs() + lo.abs() + abs(target))
+        return (up - lo) > target - margin
+
     lo = torch.zeros(n, dtype=torch.float64, device=model.metric.whitening.device)
-    ok = log_b(lo) <= target
+    ok = ~above(lo)
     if not bool(ok.any()):
         return torch.full_like(lo, float("nan"))
     # Bracket: double the upper end until b(hi) > target (b -> infinity as R -> infinity).
     # Centres with b(0) above the target keep lo = hi = 0 throughout.
     hi = torch.where(ok, 1.0, 0.0).to(lo)
     for _ in range(1100):
-        above = (log_b(hi) > target) | ~ok
-        if bool(above.all()):
+        out = above(hi) | ~ok
+        if bool(out.all()):
             break
-        lo = torch.where(above, lo, hi)
-        hi = torch.where(above, hi, 2.0 * hi)
+        lo = torch.where(out, lo, hi)
+        hi = torch.where(out, hi, 2.0 * hi)
     else:  # pragma: no cover - b grows without bound, this cannot be reached
         raise RuntimeError("certified_radius: could not bracket the radius.")
     for _ in range(max_iter):
         mid = 0.5 * (lo + hi)
-        above = log_b(mid) > target
-        lo = torch.where(above, lo, mid)
-        hi = torch.where(above, mid, hi)
+        out = above(mid)
+        lo = torch.where(out, lo, mid)
+        hi = torch.where(out, mid, hi)
         if bool(((hi - lo) <= rtol * hi).all()):
             break
     return torch.where(ok, lo, float("nan"))
 
 
 def certified_mask(radius) -> torch.Tensor:
-    """True where :func:`certified_radius` certified a ball (its radius is not NaN)."""
-    return ~torch.as_tensor(radius).isnan()
+    """True where :func:`certified_radius` certified a ball: a finite radius ``>= 0``.
+
+    NaN marks an uncertified centre; ``inf`` or a negative radius is never a certificate
+    (:func:`certified_radius` returns neither), so they count as uncertified too."""
+    r = torch.as_tensor(radius)
+    if not (r.is_floating_point() or r.dtype in (torch.int32, torch.int64)):
+        raise TypeError(f"radius must be a float tensor of radii; got dtype {r.dtype}.")
+    return r.isfinite() & (r >= 0)
 
 
 @dataclass
@@ -278,15 +310,16 @@ def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False)
     z = _centres(model, z)
     M = model.num_classes
     wz = whiten64(model.metric, z, model.dim)
+    gin, gout = float64_copy(gin), float64_copy(gout)  # every term from float64 parameters
     d_in = gin.whitened_distances(wz, whitened=True)  # (N, K_i)
     d_out = gout.whitened_distances(wz, whitened=True)  # (N, K_o)
     with torch.no_grad():
-        log_var_in = gin.log_variances.double()
-        log_var_out = gout.log_variances.double()
-        log_alpha = gin.log_alpha().double()
-        log_beta = gout.log_alpha().double()
-        mu = gin.whitened_means.double()
-        nu = gout.whitened_means.double()
+        log_var_in = gin.log_variances
+        log_var_out = gout.log_variances
+        log_alpha = gin.log_alpha()
+        log_beta = gout.log_alpha()
+        mu = gin.whitened_means
+        nu = gout.whitened_means
     k_star = (d_in / (0.5 * log_var_in).exp()).argmin(dim=1)
     l_star = (log_beta - 0.5 * d_out.square() / log_var_out.exp()).argmax(dim=1)
     nearest, i_star = nearest_training_point(model.metric, z, train_x)

@@ -31,6 +31,7 @@ with ``alpha_k = w_k (2 pi sigma_k^2)^{-D/2} (det C)^{-1/2}``, a properly normal
 from __future__ import annotations
 
 import abc
+import copy
 import time
 from collections.abc import Callable
 
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ccu.metric import Mahalanobis, log_normaliser, squared_distances
+from ccu.metric import Mahalanobis, exact_distances, log_normaliser, squared_distances
 from ccu.validation import as_tensor, check_batch, check_finite
 
 
@@ -155,8 +156,11 @@ class DensityModel(nn.Module, abc.ABC):
         return self.log_prob_whitened(self.metric.whiten(x))
 
     def ball_bounds(self, x0: torch.Tensor) -> BallBounds:
-        """Bounds over balls around the centres ``x0`` (N, ...), as functions of the radius."""
-        return self.ball_bounds_whitened(whiten64(self.metric, x0, self.dim))
+        """Bounds over balls around the centres ``x0`` (N, ...), as functions of the radius.
+
+        Computed by :func:`float64_copy` of this density (the certificate is a statement about
+        the float64 model, whatever dtype this one trains in)."""
+        return float64_copy(self).ball_bounds_whitened(whiten64(self.metric, x0, self.dim))
 
     def log_prob_bounds(self, x0, radius) -> tuple[torch.Tensor, torch.Tensor]:
         """(lower, upper) bounds of ``log p`` over the balls ``d(x, x0) <= radius``; float64 (N,)."""
@@ -198,6 +202,40 @@ def get_density_family(family) -> type[DensityModel]:
     return DENSITY_FAMILIES[family]
 
 
+def float64_copy(density: DensityModel) -> DensityModel:
+    """A copy of ``density`` whose floating-point parameters and buffers are float64 and carry no
+    gradient; its metric is shared (its buffers are float64 masters and are not touched).
+
+    The library calls :meth:`DensityModel.ball_bounds_whitened` only on such a copy, so every
+    quantity a family computes on the bound path (log normalisers, weights, variances,
+    distances) is float64 from float64 parameters, even when the family's own code computes
+    in the dtype of its parameters. Raises ``TypeError`` for a density that cannot be copied."""
+    if not isinstance(density, DensityModel):
+        raise TypeError(f"expected a ccu.DensityModel; got {type(density).__name__}.")
+    metric = density.metric
+    try:
+        twin = copy.deepcopy(density, memo={id(metric): metric})
+    except Exception as exc:
+        raise TypeError(
+            f"{type(density).__name__} cannot be copied with copy.deepcopy ({exc}); the bounds "
+            "are computed on a float64 copy of the density: keep only tensors, modules and plain "
+            "values as attributes."
+        ) from exc
+    for module in twin.modules():
+        if module is metric:
+            continue
+        # nn.Module.double() would also cast the shared metric; cast this module's own tensors.
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.is_floating_point():
+                setattr(module, name, nn.Parameter(p.detach().double(), requires_grad=False))
+            else:
+                p.requires_grad_(False)
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_floating_point():
+                setattr(module, name, b.double())
+    return twin
+
+
 def whiten64(metric: Mahalanobis, x0, dim: int) -> torch.Tensor:
     """Centres (N, ...) checked, flattened and whitened in float64 (what the bounds use)."""
     x0 = check_batch(as_tensor(x0, "x0"), dim, "x0")
@@ -206,7 +244,19 @@ def whiten64(metric: Mahalanobis, x0, dim: int) -> torch.Tensor:
 
 
 def _radius(radius, n: int) -> torch.Tensor:
-    r = torch.as_tensor(radius, dtype=torch.float64)
+    """Radii as float64 (n,): a number or one per centre; clear errors for anything else."""
+    wrong = isinstance(radius, str | bytes | bool) or (
+        isinstance(radius, torch.Tensor) and radius.dtype in (torch.bool, torch.uint8)
+    )
+    try:
+        r = None if wrong else torch.as_tensor(radius, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        r = None
+    if r is None:
+        raise TypeError(
+            f"radius must be a number or a float tensor of one radius per centre; got "
+            f"{type(radius).__name__} {radius!r:.40}."
+        )
     if r.ndim == 0:
         r = r.expand(n)
     if r.shape != (n,):
@@ -394,10 +444,14 @@ class GaussianMixture(ScaleConstraint, DensityModel):
         zeros = torch.zeros(k, metric.dim)
         return cls.from_whitened(zeros, torch.zeros(k), log_w, metric, train_weights)
 
-    def log_alpha(self) -> torch.Tensor:
-        """``log alpha_k``: log weight plus the Gaussian's log normaliser (K,)."""
-        return self.log_weights + log_normaliser(
-            self.log_variances, self.dim, self.metric.log_det.to(self.log_variances.dtype)
+    def log_alpha(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``log alpha_k``: log weight plus the Gaussian's log normaliser (K,), computed in
+        ``dtype`` (default: the parameters' dtype) from the parameters cast to it first; the
+        bounds ask for float64 (in float32 the D-sized terms round by up to ~1e-4)."""
+        dtype = dtype or self.log_variances.dtype
+        log_weights = torch.log_softmax(self.log_weight_logits.to(dtype), 0)
+        return log_weights + log_normaliser(
+            self.log_variances.to(dtype), self.dim, self.metric.log_det.to(dtype)
         )
 
     # ------------------------------------------------------------------ densities
@@ -406,7 +460,7 @@ class GaussianMixture(ScaleConstraint, DensityModel):
         mu = self.whitened_means
         if mu.dtype != w.dtype:
             mu = mu.to(w.dtype)
-        sq = squared_distances(w, mu)
+        sq = squared_distances(w, mu, centred=True)
         log_var = self.log_variances.to(w.dtype)
         log_alpha = self.log_alpha().to(w.dtype)
         return log_alpha - 0.5 * sq * torch.exp(-log_var)
@@ -425,12 +479,14 @@ class GaussianMixture(ScaleConstraint, DensityModel):
 
         ``whitened=True``: ``x0`` is already whitened in float64 (N, D)."""
         w0 = x0 if whitened else whiten64(self.metric, x0, self.dim)
-        return squared_distances(w0, self.whitened_means.detach().double()).sqrt()
+        return exact_distances(w0.double(), self.whitened_means.detach().double())
 
     def ball_bounds_whitened(self, w0: torch.Tensor) -> BallBounds:
-        dist = self.whitened_distances(w0, whitened=True)
+        """Corollary 1's bounds over ``|w - w0_n| <= R``; every term float64 from the parameters
+        cast to float64 first (whatever dtype this mixture trains in)."""
         with torch.no_grad():
-            log_alpha = self.log_alpha().double()
+            dist = self.whitened_distances(w0, whitened=True)
+            log_alpha = self.log_alpha(torch.float64)
             log_var = self.log_variances.detach().double()
         return _GMMBallBounds(dist, log_alpha, log_var)
 

@@ -31,7 +31,7 @@ from ccu.density import (
     em_fit,
     register_density,
 )
-from ccu.metric import Mahalanobis, squared_distances
+from ccu.metric import Mahalanobis, exact_distances
 from ccu.validation import as_tensor, check_finite
 
 
@@ -85,18 +85,22 @@ class DiagonalGaussianMixture(ScaleConstraint, DensityModel):
         self.log_variances = nn.Parameter(lv.to(dtype))
         self.log_weight_logits = nn.Parameter(lw.to(dtype), requires_grad=train_weights)
 
-    def log_alpha(self) -> torch.Tensor:
-        """Log weight plus log normaliser of each component, in input space (K,)."""
-        log_det = self.metric.log_det.to(self.log_variances.dtype)
+    def log_alpha(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Log weight plus log normaliser of each component, in input space (K,), computed in
+        ``dtype`` (default: the parameters') from the parameters cast to it first."""
+        dtype = dtype or self.log_variances.dtype
         return (
-            self.log_weights
+            torch.log_softmax(self.log_weight_logits.to(dtype), 0)
             - 0.5 * self.dim * math.log(2 * math.pi)
-            - 0.5 * self.log_variances.sum(1)
-            - 0.5 * log_det
+            - 0.5 * self.log_variances.to(dtype).sum(1)
+            - 0.5 * self.metric.log_det.to(dtype)
         )
 
     def _weighted_sq(self, w, mu, inv):
-        """``sum_j (w_j - mu_kj)^2 inv_kj`` as matrix products (never an (N, K, D) tensor)."""
+        """``sum_j (w_j - mu_kj)^2 inv_kj`` as matrix products (never an (N, K, D) tensor),
+        centred on the mean of the means first (as :func:`ccu.metric.squared_distances`)."""
+        c = mu.detach().mean(0)
+        w, mu = w - c, mu - c
         sq = (w * w) @ inv.T - 2.0 * w @ (mu * inv).T + (mu * mu * inv).sum(1)[None, :]
         return sq.clamp_min(0.0)
 
@@ -107,12 +111,22 @@ class DiagonalGaussianMixture(ScaleConstraint, DensityModel):
         return torch.logsumexp(comp, dim=1)
 
     def ball_bounds_whitened(self, w0):
+        """The bounds of the module docstring; every term float64 from the parameters cast to
+        float64 first, distances from the differences themselves (no expansion)."""
         with torch.no_grad():
+            w0 = w0.double()
             mu = self.whitened_means.detach().double()
             lv = self.log_variances.detach().double()
-            q0 = self._weighted_sq(w0, mu, torch.exp(-lv)).sqrt()
-            dist = squared_distances(w0, mu).sqrt()
-            log_alpha = self.log_alpha().double()
+            inv_sd = torch.exp(-0.5 * lv)
+            q0 = torch.stack(
+                [
+                    torch.linalg.vector_norm((w0 - m) * s, dim=1)
+                    for m, s in zip(mu, inv_sd, strict=True)
+                ],
+                1,
+            )
+            dist = exact_distances(w0, mu)
+            log_alpha = self.log_alpha(torch.float64)
         return _DiagBallBounds(q0, dist, log_alpha, (0.5 * lv.min(1).values).exp(),
                                (0.5 * lv.max(1).values).exp())  # fmt: skip
 

@@ -82,6 +82,10 @@ def check_batch(x: torch.Tensor, dim: int, name: str = "x") -> torch.Tensor:
             f"{name} must be a batch of shape (N, {dim}) or (N, C, H, W); got shape "
             f"{tuple(x.shape)}. For a single point use x[None]."
         )
+    if x.shape[0] == 0:
+        raise ValueError(
+            f"{name} is an empty batch (shape {tuple(x.shape)}): pass at least one sample."
+        )
     flat = x.reshape(x.shape[0], -1)
     if flat.shape[1] != dim:
         raise ValueError(
