@@ -279,3 +279,16 @@ def test_the_diagonal_family_certifies_exactly_as_its_float64_copy():
     for r in (0.0, 5.0, 50.0):
         lb32 = ccu.log_ratio_bound(model32, centres, r)
         assert relative(lb32, ccu.log_ratio_bound(model64, centres, r)) <= 1e-12
+
+
+def test_without_the_rounding_margin_the_exact_bound_exceeds_the_level(monkeypatch):
+    """The margin is needed: searched to full precision without it, the float64 radius puts the
+    exact bound (extended precision) just above the level (by ~1e-13 relative, ~1 ulp of log b)."""
+    model, centres = float32_ccu(784, seed=0)
+    monkeypatch.setattr(ccu.bounds, "ROUNDING_MARGIN", 0.0)
+    radius = ccu.certified_radius(model, centres, rtol=1e-15)
+    ok = ccu.certified_mask(radius)
+    assert (extended_bound(model, centres[ok], radius[ok]) > np.longdouble(0.11)).any()
+    monkeypatch.undo()
+    radius = ccu.certified_radius(model, centres, rtol=1e-15)
+    assert (extended_bound(model, centres[ok], radius[ok]) <= np.longdouble(0.11)).all()
