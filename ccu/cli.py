@@ -148,7 +148,9 @@ def _device(args) -> str:
         from ccu import gpuslots
 
         try:
-            args._slot = gpuslots.assign(args.gpu_slots, announce=_say)  # held until exit
+            args._slot = gpuslots.assign(  # held until exit
+                args.gpu_slots, announce=_say, jobs_per_gpu=args.jobs_per_gpu
+            )
         except gpuslots.NoGPUError as exc:
             if args.device != "auto":
                 raise UsageError(f"--device {args.device}: {exc}") from exc
@@ -681,6 +683,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="take a free GPU of this machine (one lock file per GPU in DIR) and run on it alone; "
         "what the workflow passes on multi-GPU machines (ignored under Slurm and for --device cpu)",
+    )
+    common.add_argument(
+        "--jobs-per-gpu",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --gpu-slots: N jobs may share one GPU (small networks leave a GPU idle)",
     )
     common.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     common.add_argument(

@@ -57,6 +57,7 @@ class Slot:
     gpu: str
     index: int
     lock: FileLock | None
+    job: int = 0  # which of the GPU's ``jobs_per_gpu`` slots
 
     def release(self) -> None:
         if self.lock is not None:
@@ -70,10 +71,21 @@ class Slot:
         self.release()
 
 
-def lock_path(lock_dir: Path, gpu: str) -> Path:
-    """The lock file of ``gpu`` on this host (a shared results directory serves several hosts)."""
+def lock_path(lock_dir: Path, gpu: str, job: int = 0) -> Path:
+    """The lock file of slot ``job`` of ``gpu`` on this host (a shared results directory serves
+    several hosts). Slot 0 keeps the name of one-job-per-GPU runs."""
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu)
-    return Path(lock_dir) / socket.gethostname() / f"gpu-{safe}.lock"
+    suffix = f"-job{job}" if job else ""
+    return Path(lock_dir) / socket.gethostname() / f"gpu-{safe}{suffix}.lock"
+
+
+def check_jobs_per_gpu(jobs_per_gpu) -> int:
+    """``jobs_per_gpu`` as a positive int, or a ``ValueError`` saying what is wrong."""
+    if isinstance(jobs_per_gpu, bool) or not isinstance(jobs_per_gpu, int) or jobs_per_gpu < 1:
+        raise ValueError(
+            f"jobs_per_gpu must be a positive integer (jobs sharing one GPU); got {jobs_per_gpu!r}."
+        )
+    return jobs_per_gpu
 
 
 def acquire(
@@ -82,9 +94,15 @@ def acquire(
     timeout: float | None = None,
     poll: float = 0.5,
     announce=None,
+    jobs_per_gpu: int = 1,
 ) -> Slot:
-    """Hold the first free GPU of ``gpus`` (default :func:`visible_gpus`); wait for one if all are
-    held (``timeout`` seconds at most, ``None``: no limit; then :class:`filelock.Timeout`)."""
+    """Hold the first free slot of ``gpus`` (default :func:`visible_gpus`); wait for one if all
+    are held (``timeout`` seconds at most, ``None``: no limit; then :class:`filelock.Timeout`).
+
+    Each GPU has ``jobs_per_gpu`` slots (small networks leave a big GPU mostly idle: several
+    processes can share it). Slots are taken GPU by GPU first (slot 0 of every GPU, then slot 1
+    of every GPU, ...), so jobs spread over the GPUs before they share one."""
+    jobs_per_gpu = check_jobs_per_gpu(jobs_per_gpu)
     gpus = visible_gpus() if gpus is None else list(gpus)
     if not gpus:
         raise NoGPUError(
@@ -93,24 +111,26 @@ def acquire(
         )
     start, waited = time.monotonic(), False
     while True:
-        for index, gpu in enumerate(gpus):
-            path = lock_path(Path(lock_dir), gpu)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            lock = FileLock(str(path))
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                continue
-            return Slot(gpu, index, lock)
+        for job in range(jobs_per_gpu):
+            for index, gpu in enumerate(gpus):
+                path = lock_path(Path(lock_dir), gpu, job)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                lock = FileLock(str(path))
+                try:
+                    lock.acquire(timeout=0)
+                except Timeout:
+                    continue
+                return Slot(gpu, index, lock, job)
         if timeout is not None and time.monotonic() - start >= timeout:
             raise Timeout(str(lock_path(Path(lock_dir), gpus[0]).parent))
         if not waited and announce is not None:
-            announce(f"all {len(gpus)} GPU slots in {lock_dir} are held; waiting for one")
+            n = len(gpus) * jobs_per_gpu
+            announce(f"all {n} GPU slots in {lock_dir} are held; waiting for one")
             waited = True
         time.sleep(poll)
 
 
-def assign(lock_dir, environ=None, announce=None) -> Slot | None:
+def assign(lock_dir, environ=None, announce=None, jobs_per_gpu: int = 1) -> Slot | None:
     """Take a GPU slot for this process and restrict ``environ`` (default ``os.environ``) to it.
 
     Returns the held :class:`Slot` (keep it for the lifetime of the job), or ``None`` under Slurm,
@@ -119,7 +139,8 @@ def assign(lock_dir, environ=None, announce=None) -> Slot | None:
     if environ.get("SLURM_JOB_ID"):
         return None
     announce = announce or (lambda msg: print(f"[ccu] {msg}", file=sys.stderr, flush=True))
-    slot = acquire(lock_dir, visible_gpus(environ), announce=announce)
+    slot = acquire(lock_dir, visible_gpus(environ), announce=announce, jobs_per_gpu=jobs_per_gpu)
     environ["CUDA_VISIBLE_DEVICES"] = slot.gpu
-    announce(f"GPU slot {slot.index}: CUDA_VISIBLE_DEVICES={slot.gpu}")
+    shared = f" (job slot {slot.job} of {jobs_per_gpu})" if jobs_per_gpu > 1 else ""
+    announce(f"GPU slot {slot.index}{shared}: CUDA_VISIBLE_DEVICES={slot.gpu}")
     return slot

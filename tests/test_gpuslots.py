@@ -88,3 +88,23 @@ def test_concurrent_processes_get_different_gpus_and_a_dead_one_frees_its_gpu(tm
     procs[0].wait(timeout=30)
     held = [gpuslots.acquire(tmp_path, ["0", "1"], timeout=2) for _ in range(2)]
     assert sorted(s.gpu for s in held) == ["0", "1"]
+
+
+def test_several_jobs_share_a_gpu_after_every_gpu_has_one(tmp_path):
+    gpus = ["0", "1"]
+    held = [gpuslots.acquire(tmp_path, gpus, jobs_per_gpu=2) for _ in range(4)]
+    # spread first: one job on each GPU, then a second on each
+    assert [(s.gpu, s.job) for s in held] == [("0", 0), ("1", 0), ("0", 1), ("1", 1)]
+    with pytest.raises(Timeout):  # 2 GPUs x 2 jobs are held: a fifth waits
+        gpuslots.acquire(tmp_path, gpus, jobs_per_gpu=2, timeout=0.2, poll=0.05)
+    held[3].release()
+    again = gpuslots.acquire(tmp_path, gpus, jobs_per_gpu=2, timeout=1)
+    assert (again.gpu, again.job) == ("1", 1)
+    for s in held[:3] + [again]:
+        s.release()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_jobs_per_gpu_must_be_a_positive_integer(tmp_path, bad):
+    with pytest.raises(ValueError, match="jobs_per_gpu must be a positive integer"):
+        gpuslots.acquire(tmp_path, ["0"], jobs_per_gpu=bad)

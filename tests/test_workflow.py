@@ -127,3 +127,20 @@ def test_the_smoke_grid_runs_end_to_end_and_a_second_run_does_nothing(tmp_path):
     assert set(copied["methods"]) == {"Base", "ODIN", "CCU"} and copied["device"] == "cpu"
     rc, out = snakemake(tmp_path, "--cores", "2", *config)
     assert rc == 0 and "Nothing to be done" in out, out[-3000:]
+
+
+def test_jobs_per_gpu_reaches_every_gpu_job_and_a_bad_value_is_refused(tmp_path):
+    rc, out = snakemake(
+        tmp_path,
+        "--dry-run",
+        "--config",
+        "datasets=[mnist]",
+        "methods=[Base,CCU]",
+        "jobs_per_gpu=4",
+    )
+    assert rc == 0, out[-3000:]
+    jobs = re.split(r"\n(?=(?:local)?rule \w+:)", out)
+    gpu_jobs = [j for j in jobs if j.startswith(("rule train:", "rule attack:"))]
+    assert gpu_jobs and all("--gpu-slots" in j and "--jobs-per-gpu 4" in j for j in gpu_jobs)
+    rc, out = snakemake(tmp_path, "--dry-run", "--config", "jobs_per_gpu=0")
+    assert rc != 0 and "jobs_per_gpu must be a positive integer" in out
