@@ -80,7 +80,7 @@ def setup_chapter(
         print(
             f"{data.name}: {len(data.train_x)} train / {len(data.test_x)} test, "
             f"{data.num_classes} classes; out-distribution: {data.out_description}; "
-            f"profile {prof.name}: {prof.epochs} epochs; seed {seed}, device {device}"
+            f"profile {prof.name}: {epochs_text(prof.epochs)}; seed {seed}, device {device}"
         )
     return ChapterSetup(data, prof, settings, chosen)
 
@@ -112,7 +112,28 @@ def glue_figure(name: str, fig) -> None:
 
 def run_caption(dataset: str, prof: Profile, seed: int, device: str = "cpu") -> str:
     """Names the run behind a table: dataset, profile and seed of this chapter's run."""
-    return f"{dataset}, profile {prof.name} ({prof.epochs} epochs), seed {seed}, {device}: this run"
+    return (
+        f"{dataset}, profile {prof.name} ({epochs_text(prof.epochs)}), seed {seed}, {device}: "
+        "this run"
+    )
+
+
+def epochs_text(epochs: int) -> str:
+    """``1 epoch``, ``10 epochs``."""
+    return f"{epochs} epoch{'s' * (epochs != 1)}"
+
+
+def version_text(version: str) -> str:
+    """``ccu 0.5.0``, or for an earlier result-compatible version what differs from this one."""
+    from ccu import __version__
+    from ccu.results import RESULT_COMPATIBLE_VERSIONS
+
+    if version == __version__ or version not in RESULT_COMPATIBLE_VERSIONS:
+        return f"ccu {version}"
+    return (
+        f"ccu {version} (same protocol as {__version__}; differs in: "
+        f"{RESULT_COMPATIBLE_VERSIONS[version]})"
+    )
 
 
 def reference_caption(dataset: str, ref: dict) -> str:
@@ -123,7 +144,7 @@ def reference_caption(dataset: str, ref: dict) -> str:
     return (
         f"{ref.get('dataset', dataset)}, reference run of profile {cfg['profile']['name']}, "
         f"seed {cfg['seed']}, "
-        f"{device}, commit {commit}, ccu {cfg.get('ccu_version', '?')}"
+        f"{device}, commit {commit}, {version_text(str(cfg.get('ccu_version', '?')))}"
     )
 
 

@@ -27,6 +27,13 @@ from ccu.data import Dataset, load_dataset, load_ood, uniform_noise
 from ccu.methods import get_method
 from ccu.results import RESULTS_ROOT, CorruptResultError  # noqa: F401 - part of this API
 
+
+def median(values: torch.Tensor) -> float:
+    """The median as statistics defines it (the mean of the two middle values for an even count;
+    ``torch.median`` returns the lower one)."""
+    return float(np.median(values.detach().double().cpu().numpy()))
+
+
 #: kept for callers of the earlier API: the directory of one method's run
 results_dir = store.method_dir
 
@@ -331,7 +338,7 @@ def _own_certificate(
         own_bound[own_ok] = ccu.confidence_bound(model, seeds[own_ok], own_radius[own_ok]).cpu()
     out = {
         "n_own_certified": int(own_ok.sum()),
-        "median_own_radius": float(own_radius[own_ok].median()) if bool(own_ok.any()) else None,
+        "median_own_radius": median(own_radius[own_ok]) if bool(own_ok.any()) else None,
         "own_certified_auc": ev.strict_auc(test_confidence, own_bound.numpy()),
         "bound_violations": 0,
         "points_outside_balls": 0,
@@ -408,7 +415,7 @@ def adversarial_noise(
             "level": level,
             "images_inside_balls": int(inside.sum()),
             "certified_auc": ev.strict_auc(ccu_conf, guaranteed),
-            "median_radius": float(radii[ok].median()) if bool(ok.any()) else float("nan"),
+            "median_radius": median(radii[ok]) if bool(ok.any()) else float("nan"),
         }
         key_balls = _digest(
             seeds.numpy(), radii.numpy(), level, runs[ball_method].config.get("files")

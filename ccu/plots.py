@@ -149,7 +149,7 @@ def theorem1_check(model, z, train_x, eps_values, as_printed: bool = False):
                 max_confidence_certified=worst,
                 bound=bound,
                 violations=int((conf[ok].double() > bound + 1e-6).sum()),
-                median_distance=float(t.distance.median()),
+                median_distance=float(torch.quantile(t.distance, 0.5)),
             )
         )
     return rows
@@ -226,17 +226,23 @@ def plot_attack_vs_bound(check: dict, num_classes: int, level: float = 1.1, ax=N
     return ax
 
 
-def plot_radius_histograms(radii: dict, bins: int = 20):
+def plot_radius_histograms(radii: dict, bins: int = 20, sharex: bool = False):
     """Figure 3 of the paper: a histogram of the certified radii of uniform noise per dataset.
 
     ``radii`` maps a panel title (dataset and run) to an array of radii; NaN entries (points the
-    library could not certify) are counted in the panel title, not drawn.
+    library could not certify) are counted in the panel title, not drawn. ``sharex=True``: one
+    x-axis (and the same bins) for all panels, for runs on the same data that are compared.
     """
-    fig, axes = plt.subplots(1, len(radii), figsize=(4.2 * len(radii), 3.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(radii), figsize=(4.2 * len(radii), 3.2), squeeze=False, sharex=sharex
+    )
+    finite = [np.asarray(r, dtype=float) for r in radii.values()]
+    finite = np.concatenate([r[np.isfinite(r)] for r in finite] or [np.zeros(0)])
+    edges = np.histogram_bin_edges(finite, bins=bins) if sharex and finite.size else bins
     for ax, (title, r) in zip(axes[0], radii.items(), strict=True):
         r = np.asarray(r, dtype=float)
         ok = np.isfinite(r)
-        ax.hist(r[ok], bins=bins, color="tab:blue")
+        ax.hist(r[ok], bins=edges, color="tab:blue")
         ax.set_title(f"{title}\n{int(ok.sum())} certified, {int((~ok).sum())} not", fontsize=10)
         ax.set_xlabel(f"certified radius ({DISTANCE_UNIT})")
         ax.set_ylabel("noise images")
@@ -295,16 +301,31 @@ def plot_worst_cases(rows: list[dict], methods=None):
 
 
 def plot_history(histories: dict):
-    """Training loss and accuracy per epoch, one line per method (``{method: history dict}``)."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
-    for m, hist in histories.items():
-        if hist:
-            axes[0].plot(np.arange(1, len(hist["loss"]) + 1), hist["loss"], label=m)
-            axes[1].plot(np.arange(1, len(hist["accuracy"]) + 1), hist["accuracy"], label=m)
-    axes[0].set_ylabel("training loss (nats per example)")
-    axes[1].set_ylabel("training accuracy (fraction)")
+    """Training loss and accuracy per epoch, one line per method (``{method: history dict}``).
+
+    CCU's objective (eq. (6), "loss1") adds the log-likelihood of the densities to the classifier's terms, so
+    its loss is of another kind and scale (hundreds of nats below zero on images) than the other
+    methods' cross-entropies: ``CCU`` and ``CCU-<family>`` get a loss panel of their own."""
+    runs = {m: h for m, h in histories.items() if h}
+    groups = [
+        ("training loss (nats per example)", [m for m in runs if not m.startswith("CCU")]),
+        (
+            "CCU's objective: loss incl. log-density (nats)",
+            [m for m in runs if m.startswith("CCU")],
+        ),
+    ]
+    groups = [g for g in groups if g[1]] or groups[:1]
+    fig, axes = plt.subplots(1, len(groups) + 1, figsize=(5.5 * (len(groups) + 1), 3.5))
+    for ax, (label, methods) in zip(axes[:-1], groups, strict=True):
+        for m in methods:
+            ax.plot(np.arange(1, len(runs[m]["loss"]) + 1), runs[m]["loss"], label=m)
+        ax.set_ylabel(label)
+    for m, hist in runs.items():
+        axes[-1].plot(np.arange(1, len(hist["accuracy"]) + 1), hist["accuracy"], label=m)
+    axes[-1].set_ylabel("training accuracy (fraction)")
     for ax in axes:
         ax.set_xlabel("epoch")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

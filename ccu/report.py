@@ -218,9 +218,42 @@ def every_metric_table(metrics: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["method", "OOD set"])
 
 
+#: the abbreviations tables use, defined under every table that shows them (paper, Table 1 and
+#: the appendix's P_Stats)
+ABBREVIATIONS = {
+    "TE": "TE: clean test error",
+    "SR": (
+        "SR: success rate of the attack, the share of certified noise seeds whose worst case "
+        "inside its ball scores above the median in-distribution test confidence (or score)"
+    ),
+    "AUC": "AUC: area under the ROC curve, in-distribution against adversarial noise",
+    "#": "#: number of test points",
+    "%": "%: in percent",
+}
+
+
+def _labels(table: pd.DataFrame) -> list[str]:
+    labels = []
+    for axis in (table.columns, table.index):
+        for value in axis.to_flat_index():
+            labels.extend(str(v) for v in (value if isinstance(value, tuple) else (value,)))
+    return labels
+
+
+def legend(table: pd.DataFrame) -> str:
+    """The definitions of the :data:`ABBREVIATIONS` that ``table``'s labels use ("" if none)."""
+    words = {w.strip("()[],:") for label in _labels(table) for w in label.split()}
+    words |= {ch for label in _labels(table) for ch in "#%" if ch in label}
+    used = [text for key, text in ABBREVIATIONS.items() if key in words]
+    return "; ".join(used) + "." if used else ""
+
+
 def styled(table: pd.DataFrame, caption: str, precision: int = 1):
-    """``table`` for display: ``caption`` above it, numbers at ``precision`` decimals and
+    """``table`` for display: ``caption`` above it (followed by the definitions of the
+    abbreviations its labels use, :func:`legend`), numbers at ``precision`` decimals and
     :data:`MISSING` where there is no value (NaN: the paper has no number for that cell)."""
+    defined = legend(table)
+    caption = f"{caption} ({defined})" if defined else caption
     return (
         table.style.format(precision=precision, na_rep=MISSING)
         .set_caption(caption)

@@ -15,13 +15,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import SaturatedClassifier, random_ccu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import ccu
 from ccu.density import BallBounds, DensityModel
-from tests.helpers import SaturatedClassifier, random_ccu
 
 
 def image_metric(d: int, seed: int = 0) -> ccu.Mahalanobis:

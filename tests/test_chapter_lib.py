@@ -156,6 +156,52 @@ def test_radius_histograms_count_uncertified_points():
     plt.close(fig)
 
 
+def test_compared_radius_histograms_share_one_axis_and_bins():
+    radii = {"gmm": np.array([1.0, 2.0, 3.0]), "diag": np.array([10.0, 20.0, np.nan])}
+    fig = plots.plot_radius_histograms(radii, bins=5, sharex=True)
+    a, b = fig.axes
+    assert a.get_xlim() == b.get_xlim() and a.get_xlim()[1] >= 20.0
+    widths = {round(p.get_width(), 9) for ax in fig.axes for p in ax.patches}
+    assert widths == {round(19.0 / 5, 9)}  # the same bins in both panels
+    plt.close(fig)
+
+
+def test_training_history_gives_ccus_objective_its_own_loss_panel():
+    hist = {
+        "Base": {"loss": [0.5, 0.1], "accuracy": [0.8, 0.9]},
+        "CCU": {"loss": [-300.0, -360.0], "accuracy": [0.8, 0.95]},
+    }
+    fig = plots.plot_history(hist)
+    loss, ccu_loss, acc = fig.axes
+    assert [line.get_label() for line in loss.lines] == ["Base"]
+    assert [line.get_label() for line in ccu_loss.lines] == ["CCU"]
+    assert len(acc.lines) == 2 and "log-density" in ccu_loss.get_ylabel()
+    plt.close(fig)
+    fig = plots.plot_history({"Base": hist["Base"]})  # no CCU: loss and accuracy only
+    assert len(fig.axes) == 2
+    plt.close(fig)
+
+
+def test_median_and_epoch_texts_say_what_they_mean():
+    from ccu.experiment import median
+
+    assert median(torch.tensor([1511.4, 1520.5, 1000.0, 2000.0])) == pytest.approx(1515.95)
+    assert chapter.epochs_text(1) == "1 epoch" and chapter.epochs_text(10) == "10 epochs"
+    assert chapter.version_text(ccu.__version__) == f"ccu {ccu.__version__}"
+    old = chapter.version_text("0.3.0")
+    assert old.startswith("ccu 0.3.0 (same protocol as") and "differs in" in old
+
+
+def test_tables_define_the_abbreviations_they_use():
+    table = pd.DataFrame({("CCU", "ours"): {"TE": 1.0, "SR": 0.0}, ("CCU", "paper"): {"TE": 0.5}})
+    caption = report.styled(table, "Table 1").caption
+    assert caption.startswith("Table 1 (TE: clean test error; SR: success rate")
+    assert "AUC:" not in caption
+    p_stats = pd.DataFrame({"# < 1.1/M": [3], "% < 1.1/M": [0.1]})
+    assert "#: number of test points; %: in percent" in report.styled(p_stats, "P").caption
+    assert report.styled(pd.DataFrame({"radius": [1.0]}), "plain").caption == "plain"
+
+
 def test_every_metric_table_and_styled_missing_values():
     metrics = {
         "CCU": {"ood": {"uniform": {"auroc": 0.99, "aupr_in": 0.98, "mean_max_confidence": 0.11}}},
