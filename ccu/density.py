@@ -460,7 +460,7 @@ class GaussianMixture(ScaleConstraint, DensityModel):
         mu = self.whitened_means
         if mu.dtype != w.dtype:
             mu = mu.to(w.dtype)
-        sq = squared_distances(w, mu, centred=True)
+        sq = squared_distances(w, mu)
         log_var = self.log_variances.to(w.dtype)
         log_alpha = self.log_alpha().to(w.dtype)
         return log_alpha - 0.5 * sq * torch.exp(-log_var)

@@ -97,10 +97,7 @@ class DiagonalGaussianMixture(ScaleConstraint, DensityModel):
         )
 
     def _weighted_sq(self, w, mu, inv):
-        """``sum_j (w_j - mu_kj)^2 inv_kj`` as matrix products (never an (N, K, D) tensor),
-        centred on the mean of the means first (as :func:`ccu.metric.squared_distances`)."""
-        c = mu.detach().mean(0)
-        w, mu = w - c, mu - c
+        """``sum_j (w_j - mu_kj)^2 inv_kj`` as matrix products (never an (N, K, D) tensor)."""
         sq = (w * w) @ inv.T - 2.0 * w @ (mu * inv).T + (mu * mu * inv).sum(1)[None, :]
         return sq.clamp_min(0.0)
 

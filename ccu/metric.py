@@ -155,21 +155,16 @@ class Mahalanobis(nn.Module):
         )
 
 
-def squared_distances(a: torch.Tensor, b: torch.Tensor, centred: bool = False) -> torch.Tensor:
+def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``|a_n - b_k|^2`` for a (N, D), b (K, D) as ``|a|^2 + |b|^2 - 2 a.b`` (clamped at 0).
 
     A matrix product instead of an (N, K, D) difference tensor: the only way to afford
-    K = 100 centroids in D = 3072 for a batch (the benchmark measures the difference). The
-    expansion loses digits when ``|a|`` and ``|b|`` are large next to ``|a - b|``: whitened
-    images sit far from the origin (the whitening does not centre), so in float32 ``log p``
-    of an MNIST-sized mixture was off by up to ~7e-3. ``centred=True`` subtracts the mean of
-    ``b`` from both first (the distances are unchanged; that mean is treated as a constant, so
-    gradients are exact), which removes that offset at the cost of one (N, D) subtraction
-    (``benchmarks/bench_log_density.py`` measures both).
+    K = 100 centroids in D = 3072 for a batch (the benchmark measures the difference). In float32
+    the expansion loses digits where ``|a|``, ``|b|`` are large next to ``|a - b|``;
+    ``benchmarks/bench_log_density.py`` measures what that does on MNIST against direct
+    differences and float64 (no reported number changes). The certificates never use it: they
+    take :func:`exact_distances` in float64.
     """
-    if centred:
-        c = b.detach().mean(0)
-        a, b = a - c, b - c
     sq = (a * a).sum(1, keepdim=True) + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
     return sq.clamp_min(0.0)
 

@@ -72,9 +72,8 @@ RESULT_COMPATIBLE_VERSIONS = {
         "separate dropout passes"
     ),
     "0.4.0": (
-        "float32 log-densities from the uncentred expansion |a|^2 + |b|^2 - 2ab (up to ~5e-3 "
-        "off in log p at D = 784; now ~3e-4); certificates with float32 log normalisers "
-        "(radii up to ~1e-7 relative off; now float64 throughout, with a rounding margin)"
+        "certificates with float32 log normalisers and expanded distances (radii up to ~1e-7 "
+        "relative off, some slightly too large); now float64 throughout, with a rounding margin"
     ),
 }
 #: the value a key has in configs written before it existed
