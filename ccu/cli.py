@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -557,7 +558,17 @@ class RunTimes:
         from ccu import results as store
 
         self.path = Path(directory) / "run_times.json"
-        saved = store.read_json(self.path) if self.path.exists() else {}
+        try:
+            saved = store.read_json(self.path) if self.path.exists() else {}
+            problem = None if isinstance(saved, dict) else f"a JSON {type(saved).__name__}"
+        except store.CorruptResultError as exc:
+            problem = str(exc.__cause__)
+        if problem is not None:  # only this timing file: the trained models beside it are fine
+            raise store.CorruptResultError(
+                f"{self.path} (the wall times of `ccu run`) is corrupt ({problem}); delete that "
+                "one file and run again: the trained models are kept, only the times of the "
+                "calls before are lost."
+            )
         self.methods: dict = saved.get("methods", {})
         self.pending: dict = saved.get("pending", {})
         self.calls: list = saved.get("calls", [])
@@ -783,6 +794,31 @@ def _validate(args) -> None:
             raise UsageError(f"--seed must be a non-negative integer, not {s}.")
     if getattr(args, "overrides", None) is not None:
         parse_overrides(args.overrides)
+    device = getattr(args, "device", None)
+    if device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise UsageError(f"--device {device!r} is not a device; use cpu, cuda, cuda:N or auto.")
+    if getattr(args, "results", None):
+        check_results_dir(args.results, "--results")
+    elif hasattr(args, "results") and os.environ.get("CCU_RESULTS"):
+        check_results_dir(os.environ["CCU_RESULTS"], "CCU_RESULTS")
+
+
+def check_results_dir(path, what: str = "--results") -> None:
+    """A results folder must be a folder this process can write (or create): a
+    :class:`UsageError` otherwise, before any work starts."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{what} {path} is a file, not a folder; give a folder for the results.")
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(
+            f"{what} {path} cannot be created: {existing} is a file; give another folder."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"{what} {path} is not writable ({existing} is read-only to this user); give a "
+            "folder you can write to."
+        )
 
 
 def main(argv=None) -> int:
@@ -794,7 +830,7 @@ def main(argv=None) -> int:
             _progress(args)
         return args.func(args)
     except UsageError as exc:
-        _say(f"error: {exc}")
+        _say(f"error: {_one_line(exc)}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         _say("interrupted")
@@ -806,16 +842,22 @@ def main(argv=None) -> int:
             _say(f"{exc}: what finished is saved (results, the last epoch's checkpoint)")
             _say(STOPPED_MESSAGE)
             return EXIT_STOPPED
-        from ccu.data import DataNotFoundError
+        from ccu.data import CorruptDataError, DataNotFoundError
         from ccu.results import CorruptResultError
 
         if isinstance(exc, DataNotFoundError | MissingError):
-            _say(f"error: {exc}")
+            _say(f"error: {_one_line(exc)}")
             return EXIT_MISSING
-        if isinstance(exc, CorruptResultError):
-            _say(f"error: {exc}")
+        if isinstance(exc, CorruptResultError | CorruptDataError):
+            _say(f"error: {_one_line(exc)}")
             return EXIT_CORRUPT
         raise
+
+
+def _one_line(exc: Exception) -> str:
+    """An error's text on one line, with the library's advice put in command-line terms."""
+    text = " ".join(str(exc).split())
+    return text.replace(" (or pass retrain=True)", "")  # a library argument, not a flag
 
 
 if __name__ == "__main__":
