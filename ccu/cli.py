@@ -351,9 +351,10 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         devices.add((device, stamp.get("device_name", "unknown")))
         seconds += config.get("wall_seconds", 0.0)
         per_method[name] = config.get("wall_seconds")
-        cfg = dict(config, commit=commit, device=device)
+        cfg = _without_machine_paths(dict(config, commit=commit, device=device))
         store.write_json(out / f"{name}.config.json", cfg)
-        store.write_json(out / f"{name}.metrics.json", store.read_json(d / "metrics.json"))
+        metrics = _without_machine_paths(store.read_json(d / "metrics.json"))
+        store.write_json(out / f"{name}.metrics.json", metrics)
     table1 = dict(adv.summary)
     seconds += sum(r.get("attack_seconds", 0.0) for r in adv.methods.values())
     device, device_name = sorted(devices)[0] if len(devices) == 1 else ("mixed", "mixed")
@@ -381,6 +382,18 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         **{f"{m}_worst_score": adv.worst_score[m] for m in names},
     )
     return out
+
+
+def _without_machine_paths(obj):
+    """``obj`` (JSON) with the data folders' paths relative to them
+    (:func:`ccu.data.sources.relative_to_data`): committed files name no machine's folders."""
+    from ccu.data.sources import relative_to_data
+
+    if isinstance(obj, dict):
+        return {k: _without_machine_paths(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_without_machine_paths(v) for v in obj]
+    return relative_to_data(obj) if isinstance(obj, str) else obj
 
 
 # --------------------------------------------------------------------------- subcommands
