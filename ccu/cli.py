@@ -827,10 +827,19 @@ def check_results_dir(path, what: str = "--results") -> None:
         raise UsageError(
             f"{what} {path} cannot be created: {existing} is a file; give another folder."
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
+    problem = None if os.access(existing, os.W_OK | os.X_OK) else "read-only to this user"
+    if problem is None:  # the real test (root passes os.access, not a read-only mount)
+        import tempfile
+
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as exc:
+            problem = f"not writable: {exc.strerror}"
+    if problem is not None:
         raise UsageError(
-            f"{what} {path} is not writable ({existing} is read-only to this user); give a "
-            "folder you can write to."
+            f"{what} {path} is not writable ({existing} is {problem}); give a folder you can "
+            "write to."
         )
 
 

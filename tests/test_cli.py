@@ -155,6 +155,15 @@ def test_results_must_be_a_folder_this_user_can_write(tmp_path, capsys, monkeypa
     assert cli.main([*TRAIN, "--results", str(ro / "new")]) == cli.EXIT_USAGE
     assert f"({ro} is read-only to this user)" in _one_error_line(capsys)
     cli.check_results_dir(tmp_path / "new" / "folder")  # creatable: fine
+    # os.access may say yes where writing fails (root on a read-only mount): the check writes
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    assert cli.main([*TRAIN, "--results", str(tmp_path / "other")]) == cli.EXIT_USAGE
+    assert "is not writable: Operation not permitted" in _one_error_line(capsys)
 
 
 def test_a_corrupt_data_mirror_is_exit_4_in_one_line(tmp_path, capsys, monkeypatch):
