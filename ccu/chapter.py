@@ -6,6 +6,8 @@ text come from the functions below, so the tests reach them without running a no
 
 from __future__ import annotations
 
+import json
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -54,26 +56,26 @@ def setup_chapter(
     profile: str,
     seed: int = 0,
     device: str = "cpu",
-    overrides: dict | None = None,
-    methods: list[str] | None = None,
+    overrides: dict | str | None = None,
+    methods: list[str] | str | None = None,
     verbose: bool = True,
 ) -> ChapterSetup:
     """Validate a chapter's parameters, load its data and set the book's figure style.
 
-    Unknown profiles, profile fields, methods or datasets raise a ``ValueError`` that lists the
-    valid names. Returns the dataset (capped at the profile's ``n_train``), the profile with
-    ``overrides`` applied, the dataset's training settings and ``methods`` in the paper's order.
+    ``overrides`` and ``methods`` may also be JSON text (``papermill -p overrides '{"epochs": 5}'``
+    passes a string). A wrong parameter (unknown profile, profile field, method or dataset, a
+    value of the wrong type) raises a ``ValueError`` that says what is wrong and lists the valid
+    names; in a notebook its traceback is that one line (``[ccu] error: ...``), as is that of
+    missing or corrupt data. Returns the dataset (capped at the profile's ``n_train``), the
+    profile with ``overrides`` applied, the dataset's training settings and ``methods`` in the
+    paper's order.
     """
-    from ccu.methods import get_method, ordered
-
-    use_book_style()
-    prof = get_profile(profile, **dict(overrides or {}))
-    chosen = ordered(methods or [])
-    for name in chosen:
-        get_method(name)
-    if len(set(chosen)) != len(chosen):
-        raise ValueError(f"methods listed twice: {chosen}.")
-    data = load_dataset(dataset, seed=seed).subset(prof.n_train)
+    try:
+        prof, chosen = _check_parameters(dataset, profile, seed, device, overrides, methods)
+        use_book_style()
+        data = load_dataset(dataset, seed=seed).subset(prof.n_train)
+    except (ValueError, FileNotFoundError) as exc:
+        raise _one_line_in_notebook(exc) from None
     settings = train_settings(dataset)
     torch.manual_seed(seed)
     if verbose:
@@ -83,6 +85,62 @@ def setup_chapter(
             f"profile {prof.name}: {epochs_text(prof.epochs)}; seed {seed}, device {device}"
         )
     return ChapterSetup(data, prof, settings, chosen)
+
+
+def _one_line_in_notebook(exc: Exception) -> Exception:
+    """``exc``, whose traceback in a notebook (IPython, papermill) is one ``[ccu] error:`` line:
+    a wrong parameter is the reader's to fix, the library's call stack does not help."""
+    line = "[ccu] error: " + " ".join(str(exc).split())
+    exc._render_traceback_ = lambda: [line]
+    return exc
+
+
+def _from_json(name: str, value, kind: type, example: str):
+    """A parameter that papermill's ``-p`` passes as text: parsed as JSON."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"parameter {name} is not valid JSON ({exc.msg} at character {exc.pos}): "
+                f"{value!r}; e.g. papermill -p {name} '{example}' (or -y '{name}: {example}')."
+            ) from None
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        what = "an object of profile fields" if kind is dict else "a list of method names"
+        raise ValueError(
+            f"parameter {name} must be {what}, not {type(value).__name__} {value!r}; "
+            f"e.g. papermill -p {name} '{example}'."
+        )
+    return value
+
+
+def _check_parameters(dataset, profile, seed, device, overrides, methods):
+    """The chapter parameters checked: ``(profile, methods)``; a ``ValueError`` names the first
+    wrong one and what it may be."""
+    from ccu.data import get_spec
+    from ccu.methods import get_method, ordered
+
+    for name, value in (("dataset", dataset), ("profile", profile), ("device", device)):
+        if not isinstance(value, str):
+            raise ValueError(f"parameter {name} must be a name (text), not {value!r}.")
+    get_spec(dataset)  # unknown names: the known ones
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"parameter seed must be a non-negative whole number, not {seed!r}.")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ValueError(f"parameter device must be cpu, cuda or cuda:N, not {device!r}.")
+    overrides = _from_json("overrides", overrides, dict, '{"epochs": 5, "n_train": 500}')
+    methods = _from_json("methods", methods, list, '["Base", "CCU"]')
+    prof = get_profile(profile, **overrides)
+    for name in methods:
+        if not isinstance(name, str):
+            raise ValueError(f"parameter methods must list method names, not {name!r}.")
+        get_method(name)
+    chosen = ordered(methods)
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"methods listed twice: {chosen}.")
+    return prof, chosen
 
 
 def glue(name: str, value, display: bool = False) -> None:

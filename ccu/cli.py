@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -352,9 +353,10 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         devices.add((device, stamp.get("device_name", "unknown")))
         seconds += config.get("wall_seconds", 0.0)
         per_method[name] = config.get("wall_seconds")
-        cfg = dict(config, commit=commit, device=device)
+        cfg = _without_machine_paths(dict(config, commit=commit, device=device))
         store.write_json(out / f"{name}.config.json", cfg)
-        store.write_json(out / f"{name}.metrics.json", store.read_json(d / "metrics.json"))
+        metrics = _without_machine_paths(store.read_json(d / "metrics.json"))
+        store.write_json(out / f"{name}.metrics.json", metrics)
     table1 = dict(adv.summary)
     seconds += sum(r.get("attack_seconds", 0.0) for r in adv.methods.values())
     device, device_name = sorted(devices)[0] if len(devices) == 1 else ("mixed", "mixed")
@@ -382,6 +384,18 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         **{f"{m}_worst_score": adv.worst_score[m] for m in names},
     )
     return out
+
+
+def _without_machine_paths(obj):
+    """``obj`` (JSON) with the data folders' paths relative to them
+    (:func:`ccu.data.sources.relative_to_data`): committed files name no machine's folders."""
+    from ccu.data.sources import relative_to_data
+
+    if isinstance(obj, dict):
+        return {k: _without_machine_paths(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_without_machine_paths(v) for v in obj]
+    return relative_to_data(obj) if isinstance(obj, str) else obj
 
 
 # --------------------------------------------------------------------------- subcommands
@@ -559,7 +573,17 @@ class RunTimes:
         from ccu import results as store
 
         self.path = Path(directory) / "run_times.json"
-        saved = store.read_json(self.path) if self.path.exists() else {}
+        try:
+            saved = store.read_json(self.path) if self.path.exists() else {}
+            problem = None if isinstance(saved, dict) else f"a JSON {type(saved).__name__}"
+        except store.CorruptResultError as exc:
+            problem = str(exc.__cause__)
+        if problem is not None:  # only this timing file: the trained models beside it are fine
+            raise store.CorruptResultError(
+                f"{self.path} (the wall times of `ccu run`) is corrupt ({problem}); delete that "
+                "one file and run again: the trained models are kept, only the times of the "
+                "calls before are lost."
+            )
         self.methods: dict = saved.get("methods", {})
         self.pending: dict = saved.get("pending", {})
         self.calls: list = saved.get("calls", [])
@@ -792,6 +816,40 @@ def _validate(args) -> None:
             raise UsageError(f"--seed must be a non-negative integer, not {s}.")
     if getattr(args, "overrides", None) is not None:
         parse_overrides(args.overrides)
+    device = getattr(args, "device", None)
+    if device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise UsageError(f"--device {device!r} is not a device; use cpu, cuda, cuda:N or auto.")
+    if getattr(args, "results", None):
+        check_results_dir(args.results, "--results")
+    elif hasattr(args, "results") and os.environ.get("CCU_RESULTS"):
+        check_results_dir(os.environ["CCU_RESULTS"], "CCU_RESULTS")
+
+
+def check_results_dir(path, what: str = "--results") -> None:
+    """A results folder must be a folder this process can write (or create): a
+    :class:`UsageError` otherwise, before any work starts."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{what} {path} is a file, not a folder; give a folder for the results.")
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(
+            f"{what} {path} cannot be created: {existing} is a file; give another folder."
+        )
+    problem = None if os.access(existing, os.W_OK | os.X_OK) else "read-only to this user"
+    if problem is None:  # the real test (root passes os.access, not a read-only mount)
+        import tempfile
+
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as exc:
+            problem = f"not writable: {exc.strerror}"
+    if problem is not None:
+        raise UsageError(
+            f"{what} {path} is not writable ({existing} is {problem}); give a folder you can "
+            "write to."
+        )
 
 
 def main(argv=None) -> int:
@@ -803,7 +861,7 @@ def main(argv=None) -> int:
             _progress(args)
         return args.func(args)
     except UsageError as exc:
-        _say(f"error: {exc}")
+        _say(f"error: {_one_line(exc)}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         _say("interrupted")
@@ -815,16 +873,22 @@ def main(argv=None) -> int:
             _say(f"{exc}: what finished is saved (results, the last epoch's checkpoint)")
             _say(STOPPED_MESSAGE)
             return EXIT_STOPPED
-        from ccu.data import DataNotFoundError
+        from ccu.data import CorruptDataError, DataNotFoundError
         from ccu.results import CorruptResultError
 
         if isinstance(exc, DataNotFoundError | MissingError):
-            _say(f"error: {exc}")
+            _say(f"error: {_one_line(exc)}")
             return EXIT_MISSING
-        if isinstance(exc, CorruptResultError):
-            _say(f"error: {exc}")
+        if isinstance(exc, CorruptResultError | CorruptDataError):
+            _say(f"error: {_one_line(exc)}")
             return EXIT_CORRUPT
         raise
+
+
+def _one_line(exc: Exception) -> str:
+    """An error's text on one line, with the library's advice put in command-line terms."""
+    text = " ".join(str(exc).split())
+    return text.replace(" (or pass retrain=True)", "")  # a library argument, not a flag
 
 
 if __name__ == "__main__":

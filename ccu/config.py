@@ -33,8 +33,64 @@ class Profile:
     # further methods trained on VGG13 instead of the dataset's network (an override)
     vgg_methods: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        if isinstance(self.vgg_methods, list):
+            object.__setattr__(self, "vgg_methods", tuple(self.vgg_methods))  # JSON gives lists
+        for f in fields(self):
+            problem = _field_problem(f.name, getattr(self, f.name))
+            if problem:
+                raise ValueError(
+                    f"profile field {f.name} must be {problem}, not {getattr(self, f.name)!r}"
+                    f" ({type(getattr(self, f.name)).__name__}); e.g. {_EXAMPLES[f.name]}."
+                )
+
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+#: the smallest value of each whole-number profile field
+_MINIMUM = {
+    "epochs": 1,
+    "n_train": 1,
+    "n_components": 1,
+    "n_seeds": 1,
+    "attack_steps": 1,
+    "attack_restarts": 1,
+    "n_rays": 1,
+    "grid": 2,
+    "acet_steps": 1,
+    "ensemble": 1,
+}
+_EXAMPLES = {
+    "name": '"smoke"',
+    "epochs": '{"epochs": 10}',
+    "n_train": '{"n_train": 500} or {"n_train": null} (all points)',
+    "paper_networks": '{"paper_networks": true}',
+    "vgg_methods": '{"vgg_methods": ["MCD"]}',
+    **{
+        k: f'{{"{k}": {max(v, 2) * 5}}}'
+        for k, v in _MINIMUM.items()
+        if k not in ("epochs", "n_train")
+    },
+}
+
+
+def _field_problem(name: str, value) -> str | None:
+    """What a value of profile field ``name`` must be, when ``value`` is not that; else None."""
+    if name == "name":
+        return None if isinstance(value, str) and value else "a non-empty string"
+    if name == "paper_networks":
+        return None if isinstance(value, bool) else "true or false"
+    if name == "vgg_methods":
+        ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+        return None if ok else "a list of method names"
+    if name == "n_train" and value is None:
+        return None
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or value < _MINIMUM[name]:
+        extra = " or null (all points)" if name == "n_train" else ""
+        return f"a whole number >= {_MINIMUM[name]}{extra}"
+    return None
 
 
 PROFILES: dict[str, Profile] = {
@@ -57,7 +113,7 @@ def get_profile(name: str, **overrides) -> Profile:
             f"cannot override {sorted(unknown)}; profile fields: "
             f"{[f.name for f in fields(Profile) if f.name != 'name']}."
         )
-    if "vgg_methods" in overrides:  # from JSON (papermill) it arrives as a list
+    if isinstance(overrides.get("vgg_methods"), list):  # from JSON (papermill): a list
         overrides["vgg_methods"] = tuple(overrides["vgg_methods"])
     profile = replace(PROFILES[name], **overrides) if overrides else PROFILES[name]
     if name in LABELLED_PROFILES:

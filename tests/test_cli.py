@@ -86,14 +86,121 @@ def test_unknown_names_list_the_valid_ones(argv, words, capsys):
         ("[1, 2]", ["JSON object", "list"]),
         ('{"epoch": 3}', ["cannot override ['epoch']", "epochs"]),
         ('{"vgg_methods": ["XYZ"]}', ["unknown methods ['XYZ']"]),
+        ('{"epochs": "ten"}', ["epochs must be a whole number >= 1, not 'ten'"]),
+        ('{"epochs": 2.5}', ["epochs must be a whole number >= 1, not 2.5"]),
+        ('{"epochs": true}', ["epochs must be a whole number >= 1, not True"]),
+        ('{"epochs": -1}', ["epochs must be a whole number >= 1, not -1", '{"epochs": 10}']),
+        ('{"n_train": 0}', ["n_train must be a whole number >= 1 or null", "not 0"]),
+        ('{"n_train": "300"}', ["n_train must be a whole number >= 1 or null", "'300'"]),
+        ('{"n_components": 0}', ["n_components must be a whole number >= 1, not 0"]),
+        ('{"paper_networks": "no"}', ["paper_networks must be true or false, not 'no'"]),
+        ('{"vgg_methods": "MCD"}', ["vgg_methods must be a list of method names"]),
     ],
 )
 def test_bad_overrides_are_usage_errors(overrides, words, capsys):
     argv = ["train", "--dataset", "digits", "--method", "Base", "--overrides", overrides]
     assert cli.main(argv) == cli.EXIT_USAGE
-    err = capsys.readouterr().err
+    err = _one_error_line(capsys)
     for w in words:
         assert w in err
+
+
+def _one_error_line(capsys) -> str:
+    """What the command said on stderr: exactly one ``[ccu] error: ...`` line."""
+    err = capsys.readouterr().err
+    assert err.startswith("[ccu] error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"epochs": "ten"}, {"epochs": 2.5}, {"epochs": True}, {"n_train": 0}, {"grid": 1},
+     {"paper_networks": "no"}, {"vgg_methods": "MCD"}, {"attack_restarts": None}],
+)  # fmt: skip
+def test_the_profile_record_checks_every_field(overrides):
+    from ccu.config import PROFILES, Profile, get_profile
+
+    with pytest.raises(ValueError, match=f"profile field {next(iter(overrides))} must be"):
+        get_profile("smoke", **overrides)
+    with pytest.raises(ValueError, match="must be"):  # the record itself, not only get_profile
+        Profile(**{**PROFILES["cpu"].as_dict(), **overrides})
+    assert get_profile("smoke", n_train=None, vgg_methods=["MCD"]).vgg_methods == ("MCD",)
+
+
+TRAIN = ["train", "--dataset", "digits", "--method", "Base"]
+
+
+@pytest.mark.parametrize("device", ["nonsense", "gpu", "cuda:x", "CPU"])
+def test_an_unknown_device_is_a_usage_error(device, capsys):
+    assert cli.main([*TRAIN, "--device", device]) == cli.EXIT_USAGE
+    assert f"--device {device!r} is not a device" in _one_error_line(capsys)
+
+
+def test_results_must_be_a_folder_this_user_can_write(tmp_path, capsys, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert cli.main([*TRAIN, "--results", str(afile)]) == cli.EXIT_USAGE
+    assert "is a file, not a folder" in _one_error_line(capsys)
+    assert cli.main([*TRAIN, "--results", str(afile / "sub" / "dir")]) == cli.EXIT_USAGE
+    assert f"cannot be created: {afile} is a file" in _one_error_line(capsys)
+    monkeypatch.setenv("CCU_RESULTS", str(afile))
+    assert cli.main(TRAIN) == cli.EXIT_USAGE
+    assert "CCU_RESULTS" in _one_error_line(capsys)
+    monkeypatch.delenv("CCU_RESULTS")
+    # root may write anywhere: a read-only folder is mimicked by os.access (what the check asks)
+    real_access = cli.os.access
+    ro = tmp_path / "readonly"
+    ro.mkdir()
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: Path(p) != ro and real_access(p, mode))
+    assert cli.main([*TRAIN, "--results", str(ro / "new")]) == cli.EXIT_USAGE
+    assert f"({ro} is read-only to this user)" in _one_error_line(capsys)
+    cli.check_results_dir(tmp_path / "new" / "folder")  # creatable: fine
+    # os.access may say yes where writing fails (root on a read-only mount): the check writes
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    assert cli.main([*TRAIN, "--results", str(tmp_path / "other")]) == cli.EXIT_USAGE
+    assert "is not writable: Operation not permitted" in _one_error_line(capsys)
+
+
+def test_a_corrupt_data_mirror_is_exit_4_in_one_line(tmp_path, capsys, monkeypatch):
+    mirror = tmp_path / "data" / "mnist"
+    mirror.mkdir(parents=True)
+    for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        (mirror / name).write_bytes(b"\x1f\x8b truncated")
+    monkeypatch.setenv("CCU_DATA_ROOT", str(tmp_path / "data"))
+    argv = ["train", "--dataset", "mnist-offline", "--method", "Base"]
+    assert cli.main([*argv, "--results", str(tmp_path / "res")]) == cli.EXIT_CORRUPT
+    err = _one_error_line(capsys)
+    assert "is corrupt or truncated" in err and "copy the file again" in err
+
+
+def test_a_corrupt_timing_file_concerns_only_itself(tmp_path, capsys):
+    seed_dir = store.seed_dir("smoke", "digits", 0, tmp_path)
+    (seed_dir / "CCU").mkdir(parents=True)
+    (seed_dir / "CCU" / "model.pt").write_bytes(b"a trained model")
+    for text in ('{"methods": {"CCU": 1.', "[1, 2]"):
+        (seed_dir / "run_times.json").write_text(text)
+        argv = ["run", "--dataset", "digits", "--method", "CCU", "--results", str(tmp_path)]
+        assert cli.main(argv) == cli.EXIT_CORRUPT
+        err = _one_error_line(capsys)
+        assert f"{seed_dir / 'run_times.json'} (the wall times of `ccu run`) is corrupt" in err
+        assert "delete that one file" in err and "trained models are kept" in err
+        assert f"Delete {seed_dir} " not in err
+    assert (seed_dir / "CCU" / "model.pt").exists()
+
+
+def test_a_corrupt_result_says_what_a_command_line_user_can_do(tmp_path, capsys):
+    run = store.method_dir("smoke", "digits", "Base", tmp_path, 0)
+    run.mkdir(parents=True)
+    (run / "config.json").write_text('{"dataset": "dig')
+    argv = ["evaluate", "--dataset", "digits", "--method", "Base", "--results", str(tmp_path)]
+    assert cli.main(argv) == cli.EXIT_CORRUPT
+    err = _one_error_line(capsys)
+    assert f"Delete {run} to recompute it" in err and "retrain=True" not in err
 
 
 def test_steps_without_their_inputs_say_what_to_run(tmp_path, capsys):

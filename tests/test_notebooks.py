@@ -1,6 +1,11 @@
 """Chapters through papermill with non-default parameters (nbval runs the defaults)."""
 
 import json
+import os
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,11 +63,66 @@ def test_corollary1_with_another_seed_and_level(tmp_path):
 @pytest.mark.notebooks
 @pytest.mark.parametrize(
     "params, message",
-    [({"dataset": "mnistt"}, "unknown dataset 'mnistt'"), ({"profile": "huge"}, "unknown profile")],
+    [
+        ({"dataset": "mnistt"}, "unknown dataset 'mnistt'"),
+        ({"profile": "huge"}, "unknown profile"),
+        ({"overrides": "{epochs: 1}"}, "parameter overrides is not valid JSON"),
+        ({"overrides": '{"epochs": "ten"}'}, "epochs must be a whole number >= 1, not 'ten'"),
+        ({"overrides": {"n_train": 0}}, "n_train must be a whole number >= 1 or null"),
+        ({"seed": "one"}, "seed must be a non-negative whole number"),
+    ],
 )
-def test_bad_parameters_stop_with_a_clear_error(tmp_path, params, message):
-    with pytest.raises(papermill.PapermillExecutionError, match=message):
+def test_bad_parameters_stop_the_setup_cell_with_one_line(tmp_path, params, message):
+    with pytest.raises(papermill.PapermillExecutionError, match=message) as exc:
         _run(tmp_path, "theorem1", **params)
+    assert exc.value.traceback == [f"[ccu] error: {exc.value.evalue}"]  # no library call stack
+    assert "setup_chapter(" in "".join(exc.value.source) and exc.value.exec_count == 3
+
+
+def _readme_papermill_lines():
+    """The README's papermill command lines (continuation lines joined), each with the other
+    commands of its block before it (``mkdir -p _build/papermill``)."""
+    text = (BOOK.parent / "README.md").read_text()
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        lines = [ln.strip() for ln in block.replace("\\\n", " ").splitlines() if ln.strip()]
+        runs = [ln for ln in lines if ln.startswith(".venv/bin/papermill ")]
+        others = [ln for ln in lines if ln not in runs]
+        out += [(ln, others) for ln in runs]
+    return out
+
+
+README_LINES = _readme_papermill_lines()
+
+
+def test_the_readme_shows_json_and_yaml_parameters():
+    assert len(README_LINES) >= 3
+    joined = " ".join(line for line, _ in README_LINES)
+    assert "-p overrides '{" in joined and "-p methods '[" in joined and " -y '" in joined
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("line, before", README_LINES, ids=lambda v: str(v).split()[4:5])
+def test_the_readme_papermill_lines_run_as_printed(line, before, tmp_path):
+    """Each README papermill line run by bash as printed, after the other lines of its block,
+    in a folder laid out like the repository (its ``book/``, ``.venv/bin/papermill``)."""
+    (tmp_path / "book").symlink_to(BOOK)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "papermill").symlink_to(Path(sys.executable).parent / "papermill")
+    env = dict(os.environ, CCU_RESULTS=str(tmp_path / "results"))
+    script = "\n".join(["set -e", *before, line])
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    args = shlex.split(line)
+    nb = json.loads((tmp_path / args[4]).read_text())
+    said = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+    epochs = re.search(r"epochs\W+(\d+)", line).group(1)
+    assert f"profile smoke: {epochs} epochs" in said
+    if "-p methods" in line:  # the JSON list reached the chapter: these two were trained
+        runs = tmp_path / "results" / "smoke" / "digits" / "seed0"
+        assert sorted(p.parent.name for p in runs.glob("*/config.json")) == ["Base", "CCU"]
 
 
 @pytest.mark.notebooks

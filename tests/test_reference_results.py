@@ -1,5 +1,10 @@
 """The committed reference results: complete, consistent and readable by the chapters."""
 
+import json
+import re
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -8,6 +13,7 @@ from ccu import chapter, report
 from ccu.methods import METHOD_ORDER
 
 REFS = report.reference_runs("cpu")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_mnist_reference_covers_every_method():
@@ -87,3 +93,55 @@ def test_reference_profiles_put_the_paper_first_and_label_every_run(tmp_path):
     assert all(r["dataset"] == "mnist-offline" for r in runs.values())
     tables = chapter.reference_ood_tables({"mnist-offline (paper)": runs["mnist-offline (paper)"]})
     assert len(tables) == 2  # AUROC and AUPR-In, with the paper's values looked up by dataset
+
+
+#: a machine's path: a token starting with / (not inside a word, a number or a URL), a drive
+#: letter, or one of the usual home/work/temporary folders
+MACHINE_PATH = re.compile(r"(?<![\w.:/)\]}>-])/[\w.-]+|\b[A-Za-z]:[\\/]|/work/|/home/|/tmp/")
+
+
+def _committed(*folders):
+    out = subprocess.run(
+        ["git", "ls-files", *folders], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return [ROOT / line for line in out.stdout.splitlines()]
+
+
+def _texts(path: Path):
+    """The text of a committed file: itself, or the string arrays of an .npz."""
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return [" ".join(map(str, z[k].ravel())) for k in z.files if z[k].dtype.kind in "US"]
+    return [path.read_text()]
+
+
+def test_committed_results_name_no_machine_paths():
+    files = _committed("reference-results", "benchmarks/timings")
+    assert len(files) > 10
+    for path in files:
+        for text in _texts(path):
+            found = MACHINE_PATH.findall(text)
+            assert not found, f"{path.relative_to(ROOT)} records machine paths: {found[:3]}"
+
+
+def test_the_reference_writer_records_paths_relative_to_the_data_root():
+    from ccu import cli
+    from ccu.data.sources import data_root, mirror_dirs
+
+    mirror = mirror_dirs()[-1]
+    config = {
+        "data_sources": {
+            "source": f"offline mirror {mirror / 'mnist'} (the official files), unpacked to "
+            f"{data_root() / 'MNIST' / 'raw'} and read by torchvision.datasets.MNIST"
+        },
+        "ood": {"emnist": {"skipped": f"EMNIST (test) is not in {data_root()} and ..."}},
+        "n": [1, 2.5, None],
+    }
+    out = cli._without_machine_paths(config)
+    assert out["data_sources"]["source"] == (
+        "offline mirror mnist (the official files), unpacked to MNIST/raw and read by "
+        "torchvision.datasets.MNIST"
+    )
+    assert out["ood"]["emnist"]["skipped"] == "EMNIST (test) is not in the data root and ..."
+    assert out["n"] == [1, 2.5, None]
+    assert not MACHINE_PATH.findall(json.dumps(out))

@@ -20,6 +20,7 @@ import contextlib
 import gzip
 import hashlib
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -107,6 +108,25 @@ def mirror_dirs(root: str | os.PathLike | None = None) -> list[Path]:
         dirs.append(Path(os.environ["CCU_OFFLINE_DATA"]).expanduser())
     dirs.append(REPO_ROOT.parent / "shared" / "data")
     return dirs
+
+
+def relative_to_data(text: str, root=None, dirs=None) -> str:
+    """``text`` with the data folders of this machine taken out of its paths: a path in the data
+    root or an offline mirror folder is written relative to it (``/x/data/MNIST/raw`` ->
+    ``MNIST/raw``), the folder itself as ``the data root`` / ``the offline mirror``. What
+    committed files record (reference results name no machine's folders). ``dirs``: the
+    folders, the data root first (default: :func:`mirror_dirs`)."""
+    folders = [Path(d) for d in (dirs if dirs is not None else mirror_dirs(root))]
+    names = {}
+    for i, d in enumerate(folders):
+        for form in (str(d), str(d.expanduser().absolute()), str(d.expanduser().resolve())):
+            names.setdefault(form.rstrip("/"), "the data root" if i == 0 else "the offline mirror")
+    for form in sorted(names, key=len, reverse=True):  # a folder inside another: the inner first
+        if not form:
+            continue
+        pattern = re.escape(form) + r"(/|(?![\w.-]))"
+        text = re.sub(pattern, lambda m, n=names[form]: "" if m.group(1) else n, text)
+    return text
 
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:
