@@ -267,3 +267,74 @@ def test_the_own_certificate_attack_starts_at_the_density_peaks(tmp_path, ignore
     cert = adv.methods["CCU-ignores-r"]["certificate"]
     assert cert["n_own_certified"] > 0
     assert cert["bound_violations"] > 0 and cert["peak_bound_violations"] > 0, cert
+
+
+def test_the_checker_reports_each_ball_once_with_absolute_and_relative_excess():
+    good, x = _fitted(ccu.GaussianMixture)
+    bad = TooSmallUpper.from_whitened(
+        good.whitened_means.detach(), good.log_variances.detach(), good.log_weights.detach(),
+        good.metric,
+    )  # fmt: skip
+    report = check_density(bad, centres=x[::7], max_examples=25, raise_on_failure=False)
+    balls = [(b.centre, b.radius) for b in report.failed_balls]
+    assert balls and len(set(balls)) == len(balls) <= report.n_balls <= 25
+    line = report.failures[0]
+    assert line.startswith("ball around centre ") and "nearest mean " in line
+    assert "absolute" in line and "relative (/(1 + |log p|))" in line
+    worst = max(report.failed_balls, key=lambda b: b.excess_upper)
+    assert report.max_abs_excess_upper == pytest.approx(worst.excess_upper)
+    assert worst.excess_upper == pytest.approx(1e-3, rel=0.2)  # the bound is 1e-3 too small
+    assert "\n" not in report.summary() and "breaks its bounds" in report.summary()
+    # a density without means: no distance reported
+    iso = IsotropicGaussian.fit(x, good.metric)
+    iso_report = check_density(iso, centres=x[::7], max_examples=5)
+    assert iso_report.passed and iso_report.n_balls >= 1
+
+
+class GradientBounds(IsotropicGaussian):
+    """Right bounds, computed from parameters that carry gradients."""
+
+    def ball_bounds_whitened(self, w0):
+        dist = (w0 - self.mean.double()).norm(dim=1)
+        c, var = self._log_norm().double(), self.log_var.double().exp()
+        return ccu.BallBounds.from_functions(
+            len(w0),
+            upper=lambda r: c - 0.5 * (dist - r).clamp_min(0).square() / var,
+            lower=lambda r: c - 0.5 * (dist + r).square() / var,
+        )
+
+
+def test_bounds_that_carry_gradients_are_named_in_the_users_class():
+    d, x = 4, torch.randn(40, 4, generator=torch.Generator().manual_seed(0)).double()
+    density = GradientBounds.fit(x, ccu.Mahalanobis.identity(d))
+    with pytest.warns(UserWarning) as record:
+        report = check_density(density, centres=x[::5], max_examples=10)
+    assert report.passed
+    ours = [w for w in record if "carry gradients" in str(w.message)]
+    assert len(ours) == 1 and len(record) == 1  # one warning, none from inside ccu
+    assert "GradientBounds.ball_bounds_whitened" in str(ours[0].message)
+    assert ours[0].filename == __file__
+
+
+class RoleAware(IsotropicGaussian):
+    """Records the role init_ccu fits it for (heavier tails for the out-density)."""
+
+    @classmethod
+    def fit(cls, x, metric, seed=0, n_components=1, role="in"):
+        density = super().fit(x, metric, seed)
+        density.role = role
+        if role == "out":
+            density.log_var.data += math.log(4.0)
+        return density
+
+
+def test_fit_gets_the_role_when_it_names_one():
+    data = load_dataset("digits").subset(200)
+    clf = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    model = ccu.init_ccu(clf, data.train_x, data.out_x, 10, n_components=1, density=RoleAware)
+    assert (model.density_in.role, model.density_out.role) == ("in", "out")
+    # families whose fit has no role parameter are called as before
+    model = ccu.init_ccu(
+        clf, data.train_x, data.out_x, 10, n_components=1, density=IsotropicGaussian
+    )
+    assert isinstance(model.density_out, IsotropicGaussian)
