@@ -12,12 +12,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.std import tqdm
 
 import ccu
 from ccu import evaluate as ev
@@ -31,6 +34,19 @@ from ccu.testing import UnsoundDensityError
 
 #: kept for callers of the earlier API: the directory of one method's run
 results_dir = store.method_dir
+
+
+def log(message: str) -> None:
+    """One short line per finished step on stderr (``[ccu] ...``): what ``papermill
+    --log-output`` and the workflow's log files show while a chapter or a job runs."""
+    print(f"[ccu] {message}", file=sys.stderr, flush=True)
+
+
+def progress_bar(iterable, desc: str, total: int | None = None):
+    """A tqdm bar on stderr like training's; ``CCU_PROGRESS=0`` (``--no-progress``) hides it."""
+    return tqdm(
+        iterable, desc=desc, total=total, disable=os.environ.get("CCU_PROGRESS", "1") == "0"
+    )
 
 
 @dataclass
@@ -115,6 +131,7 @@ def run_method(
                     f"{files.path('model.pt')} does not fit {method} ({exc}). Delete "
                     f"{files.directory} to retrain (or pass retrain=True)."
                 ) from exc
+            log(f"loaded {method} on {dataset} ({prof.name}, seed {seed}) from {files.directory}")
             return RunResult(m, saved, scores, metrics, files.directory, True)
         files.start_training(config)
         start = time.perf_counter()
@@ -129,9 +146,13 @@ def run_method(
         history = m.fit(data, checkpoint=files.checkpoint)
         config["train_seconds"] = time.perf_counter() - start
         config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
+        what = f"{method} on {dataset} ({prof.name}, seed {seed})"
+        log(f"trained {what} in {config['train_seconds']:.1f} s")
         scores, metrics = score_sets(m, data, ood_seed)
         config["wall_seconds"] = time.perf_counter() - start
         config = files.save(m.state_dict(), scores, metrics, config)
+        scored = config["wall_seconds"] - config["train_seconds"]
+        log(f"scored {what}: test error {100 * metrics['test_error']:.2f} %, in {scored:.1f} s")
     return RunResult(m, config, scores, metrics, files.directory, False)
 
 
@@ -156,7 +177,9 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         "n_below_1.1_over_M": int((test["confidence"] < 1.1 / data.num_classes).sum()),
         "ood": {},
     }
-    for name in data.spec.ood_sets:
+    bar = progress_bar(data.spec.ood_sets, f"score {method.name} on {data.name} (OOD sets)")
+    for name in bar:
+        bar.set_postfix_str(name)
         try:
             x, source = load_ood(name, data, seed=ood_seed, with_source=True)
         except ccu.data.DataNotFoundError as exc:
@@ -488,7 +511,9 @@ def adversarial_noise(
             seeds.numpy(), radii.numpy(), level, runs[ball_method].config.get("files")
         )
         per_method, worst_x, worst_score = {}, {}, {}
-        for name, run in runs.items():
+        bar = progress_bar(runs.items(), f"attack {data.name} ({int(ok.sum())} balls)", len(runs))
+        for name, run in bar:
+            bar.set_postfix_str(name)
             key = _digest(
                 key_balls, store.config_key(run.config), run.config.get("files"),
                 prof.attack_steps, prof.attack_restarts, seed,
@@ -497,6 +522,8 @@ def adversarial_noise(
                 name, run, seeds[ok], radii[ok], model.metric, prof, seed, key, directory,
                 attack_batch,
             )  # fmt: skip
+            took = per_method[name].get("attack_seconds", 0.0)
+            log(f"attacked {name} on {data.name} in {int(ok.sum())} balls ({took:.1f} s)")
         for name in certifying:  # each certificate over these balls, judged in float64
             per_method[name]["certificate"] = _own_certificate(
                 runs[name].method.certifier(), worst_x[name], seeds, radii, ok, level,
@@ -512,4 +539,8 @@ def adversarial_noise(
             summary, seeds.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score
         )
         result.save(directory)
+        log(
+            f"adversarial noise on {data.name}: {summary['n_certified']} of {prof.n_seeds} seeds "
+            f"certified, CCU bound violations {summary['ccu_bound_violations']}"
+        )
         return AdversarialResult.load(directory)

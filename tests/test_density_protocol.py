@@ -338,3 +338,27 @@ def test_fit_gets_the_role_when_it_names_one():
         clf, data.train_x, data.out_x, 10, n_components=1, density=IsotropicGaussian
     )
     assert isinstance(model.density_out, IsotropicGaussian)
+
+
+def test_runs_log_one_line_per_step_and_bars_follow_ccu_progress(tmp_path, capsys, monkeypatch):
+    data, prof = _tiny()
+    monkeypatch.setenv("CCU_PROGRESS", "1")
+    runs = {"CCU": experiment.run_method("digits", "CCU", prof, data=data, root=tmp_path)}
+    err = capsys.readouterr().err
+    assert "[ccu] trained CCU on digits (smoke, seed 0) in " in err
+    assert "[ccu] scored CCU on digits (smoke, seed 0): test error " in err
+    assert "score CCU on digits (OOD sets)" in err  # the scoring bar
+    monkeypatch.setenv("CCU_PROGRESS", "0")
+    experiment.adversarial_noise(runs, data, prof, root=tmp_path)
+    err = capsys.readouterr().err
+    assert (
+        "[ccu] attacked CCU on digits in " in err and "[ccu] adversarial noise on digits: " in err
+    )
+    assert "attack digits (" not in err  # no bar when CCU_PROGRESS=0
+    monkeypatch.setenv("CCU_PROGRESS", "1")
+    experiment.adversarial_noise(runs, data, prof, root=tmp_path)
+    assert "attack digits (" in capsys.readouterr().err
+    assert "[ccu] loaded CCU" in (
+        experiment.run_method("digits", "CCU", prof, data=data, root=tmp_path)
+        and capsys.readouterr().err
+    )
