@@ -61,16 +61,20 @@ def _say(msg: str) -> None:
 def _names():
     from ccu.config import PROFILES
     from ccu.data import dataset_names
-    from ccu.methods import METHODS, ordered
+    from ccu.methods import method_names
 
     # every registered method: the paper's eleven in its column order, then any others
-    return dataset_names(), ordered(METHODS), sorted(PROFILES)
+    # (CCU-<family> for every registered density family, --plugin's included)
+    return dataset_names(), method_names(), sorted(PROFILES)
 
 
 def _check(kind: str, values, valid) -> None:
+    from ccu.methods import unknown_method_hint
+
     for v in values:
         if v not in valid:
-            raise UsageError(f"unknown {kind} {v!r}; choose from: {', '.join(valid)}.")
+            hint = unknown_method_hint(v) if kind == "method" else ""
+            raise UsageError(f"unknown {kind} {v!r}; choose from: {', '.join(valid)}.{hint}")
 
 
 def check_grid(
@@ -730,6 +734,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile", action="store_true", help="torch.compile the classifiers while training"
     )
     common.add_argument("--no-progress", action="store_true", help="no progress bars")
+    common.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (repeatable): a module name importable from the current "
+        "directory or PYTHONPATH, or a .py file, whose @ccu.register_density families then "
+        "train as CCU-<family>",
+    )
 
     def one(p, flag, kind, valid, many=False):
         p.add_argument(
@@ -744,6 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="with descriptions")
     p.set_defaults(func=cmd_datasets)
     p = sub.add_parser("methods", help="list the methods (the paper's column order)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="as for train")
     p.set_defaults(func=cmd_methods)
 
     for name, func, many, text in (
@@ -852,7 +866,22 @@ def check_results_dir(path, what: str = "--results") -> None:
         )
 
 
+def _plugins(argv) -> list[str]:
+    """The ``--plugin`` values of ``argv``, read before the parser is built (their families
+    become methods the parser and the checks know)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--plugin", action="append", default=[])
+    return pre.parse_known_args(argv)[0].plugin
+
+
 def main(argv=None) -> int:
+    from ccu.plugins import PluginError, PluginNotFoundError, load_plugins
+
+    try:
+        load_plugins(_plugins(sys.argv[1:] if argv is None else argv))
+    except PluginError as exc:
+        _say(f"error: {exc}")
+        return EXIT_MISSING if isinstance(exc, PluginNotFoundError) else EXIT_USAGE
     args = build_parser().parse_args(argv)
     try:
         _validate(args)

@@ -9,14 +9,18 @@ distribution scores are computed once per model and reused for every OOD set.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.std import tqdm
 
 import ccu
 from ccu import evaluate as ev
@@ -26,6 +30,7 @@ from ccu.config import Profile, get_profile, train_settings
 from ccu.data import Dataset, load_dataset, load_ood, uniform_noise
 from ccu.methods import get_method
 from ccu.results import RESULTS_ROOT, CorruptResultError  # noqa: F401 - part of this API
+from ccu.testing import UnsoundDensityError
 
 
 def median(values: torch.Tensor) -> float:
@@ -36,6 +41,19 @@ def median(values: torch.Tensor) -> float:
 
 #: kept for callers of the earlier API: the directory of one method's run
 results_dir = store.method_dir
+
+
+def log(message: str) -> None:
+    """One short line per finished step on stderr (``[ccu] ...``): what ``papermill
+    --log-output`` and the workflow's log files show while a chapter or a job runs."""
+    print(f"[ccu] {message}", file=sys.stderr, flush=True)
+
+
+def progress_bar(iterable, desc: str, total: int | None = None):
+    """A tqdm bar on stderr like training's; ``CCU_PROGRESS=0`` (``--no-progress``) hides it."""
+    return tqdm(
+        iterable, desc=desc, total=total, disable=os.environ.get("CCU_PROGRESS", "1") == "0"
+    )
 
 
 @dataclass
@@ -113,11 +131,14 @@ def run_method(
             state, scores, metrics = files.load(saved, map_location=device)
             try:
                 m.load_state_dict(state)
+            except UnsoundDensityError:  # the family's bounds fail the check: say so, not "corrupt"
+                raise
             except (RuntimeError, ValueError, KeyError) as exc:
                 raise CorruptResultError(
                     f"{files.path('model.pt')} does not fit {method} ({exc}). Delete "
                     f"{files.directory} to retrain (or pass retrain=True)."
                 ) from exc
+            log(f"loaded {method} on {dataset} ({prof.name}, seed {seed}) from {files.directory}")
             return RunResult(m, saved, scores, metrics, files.directory, True)
         files.start_training(config)
         start = time.perf_counter()
@@ -132,9 +153,13 @@ def run_method(
         history = m.fit(data, checkpoint=files.checkpoint)
         config["train_seconds"] = time.perf_counter() - start
         config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
+        what = f"{method} on {dataset} ({prof.name}, seed {seed})"
+        log(f"trained {what} in {config['train_seconds']:.1f} s")
         scores, metrics = score_sets(m, data, ood_seed)
         config["wall_seconds"] = time.perf_counter() - start
         config = files.save(m.state_dict(), scores, metrics, config)
+        scored = config["wall_seconds"] - config["train_seconds"]
+        log(f"scored {what}: test error {100 * metrics['test_error']:.2f} %, in {scored:.1f} s")
     return RunResult(m, config, scores, metrics, files.directory, False)
 
 
@@ -159,7 +184,9 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         "n_below_1.1_over_M": int((test["confidence"] < 1.1 / data.num_classes).sum()),
         "ood": {},
     }
-    for name in data.spec.ood_sets:
+    bar = progress_bar(data.spec.ood_sets, f"score {method.name} on {data.name} (OOD sets)")
+    for name in bar:
+        bar.set_postfix_str(name)
         try:
             x, source = load_ood(name, data, seed=ood_seed, with_source=True)
         except ccu.data.DataNotFoundError as exc:
@@ -325,11 +352,67 @@ def _attack_one(
     return row, worst_x, worst
 
 
+#: steps of each ascent of :func:`density_peaks` (log p_in, then the confidence)
+PEAK_STEPS = 40
+
+
+def density_peaks(model, seeds, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) -> torch.Tensor:
+    """Per ball ``d(x, seed) <= R`` (and the box), a point where the in-density is high and
+    one where the confidence is high: projected ascent of ``log p_in`` from the seed in
+    whitened coordinates (float64, as :func:`ccu.testing.check_density` does), then ascent on
+    the model's confidence from that point. Returns ``(2N, ...)``: the ends of both ascents
+    (the first N, then the second N), always inside their balls and the box.
+
+    A density whose upper bound is too small is found here: its bound certifies balls around
+    noise that contain in-distribution components, where the confidence is high."""
+    metric = model.metric
+    W = metric.whitening.double()
+    W_inv = metric.unwhitening.double()
+    shape = seeds.shape[1:]
+    x0 = seeds.reshape(len(seeds), -1).to(W.device, torch.float64)
+    r = radii.to(W.device, torch.float64)[:, None]
+    dens = copy.deepcopy(model.density_in).double().eval()
+
+    def project(x):  # into the box, then towards the seed into the ball: inside both
+        if box is not None:
+            x = x.clamp(*box)
+        norm = ((x - x0) @ W).norm(dim=1, keepdim=True)
+        return x0 + (x - x0) * torch.where(norm > r, r * (1 - 1e-9) / norm.clamp_min(1e-300), 1.0)
+
+    def log_confidence(w):
+        x = (w @ W_inv).to(torch.get_default_dtype()).reshape(len(w), *shape)
+        return model(x).max(dim=1).values
+
+    # first step: a quarter of the ball, at most the seed's distance to the box's far side
+    far = x0 if box is None else torch.where(x0 < (box[0] + box[1]) / 2, box[1], box[0])
+    first = torch.minimum(r, ((far - x0) @ W).norm(dim=1, keepdim=True)) / 4
+    ends, x = [], x0
+    for objective in (dens.log_prob_whitened, log_confidence):
+        step = first.clone()
+        for _ in range(steps):  # normalised gradient steps, kept where they go up (backtracking)
+            w = (x @ W).detach().requires_grad_(True)
+            value = objective(w)
+            (g,) = torch.autograd.grad(value.sum(), w)
+            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
+            new = project(((w + step * g) @ W_inv).detach())
+            with torch.no_grad():
+                up = (objective(new @ W) > value.detach())[:, None]
+            x = torch.where(up, new, x)
+            step = torch.where(up, step * 1.5, step * 0.5)
+        ends.append(x)
+    return torch.cat(ends).reshape(-1, *shape).cpu()
+
+
 def _own_certificate(
     model, worst_x, seeds, radii, ok, level, test_confidence, own_radius=None
 ) -> dict:
     """A certifying method's worst points against its own bound over the balls (float64), and
-    its own certified radii and certified AUC on the same seeds."""
+    its own certified radii and certified AUC on the same seeds.
+
+    Two kinds of points: the attack's worst points in the balls of ``radii`` and, in the
+    method's *own* certified balls, the points of :func:`density_peaks` (highest in-density,
+    then highest confidence). ``bound_violations`` counts both (``attack_bound_violations``,
+    ``peak_bound_violations``): any is a false certificate."""
     if own_radius is None:  # the ball method's own radii are the balls' radii
         own_radius = ccu.certified_radius(model, seeds, level=level).cpu()
     own_ok = ccu.certified_mask(own_radius)
@@ -341,15 +424,29 @@ def _own_certificate(
         "median_own_radius": median(own_radius[own_ok]) if bool(own_ok.any()) else None,
         "own_certified_auc": ev.strict_auc(test_confidence, own_bound.numpy()),
         "bound_violations": 0,
+        "attack_bound_violations": 0,
+        "peak_bound_violations": 0,
+        "peak_max_confidence_float64": None,
         "points_outside_balls": 0,
         "max_confidence_float64": None,
         "max_float32_deviation": 0.0,
         "max_bound_over_balls": None,
     }
+    if bool(own_ok.any()):
+        was_training = model.training
+        model.eval()
+        centres, own = seeds[own_ok], own_radius[own_ok]
+        peaks = density_peaks(model, centres, own)
+        peak = ccu.check_certificate(model, peaks, torch.cat([centres, centres]), own.repeat(2))
+        out["peak_bound_violations"] = int(peak.violated.reshape(2, -1).any(0).sum())
+        out["peak_max_confidence_float64"] = float(peak.confidence64.max())
+        out["bound_violations"] = out["peak_bound_violations"]
+        model.train(was_training)
     if bool(ok.any()):
         check = ccu.check_certificate(model, torch.from_numpy(worst_x), seeds[ok], radii[ok])
         out.update(
-            bound_violations=check.n_violations,
+            attack_bound_violations=check.n_violations,
+            bound_violations=check.n_violations + out["peak_bound_violations"],
             points_outside_balls=check.n_outside,
             max_confidence_float64=float(check.confidence64.max()),
             max_float32_deviation=check.max_float32_deviation,
@@ -421,7 +518,9 @@ def adversarial_noise(
             seeds.numpy(), radii.numpy(), level, runs[ball_method].config.get("files")
         )
         per_method, worst_x, worst_score = {}, {}, {}
-        for name, run in runs.items():
+        bar = progress_bar(runs.items(), f"attack {data.name} ({int(ok.sum())} balls)", len(runs))
+        for name, run in bar:
+            bar.set_postfix_str(name)
             key = _digest(
                 key_balls, store.config_key(run.config), run.config.get("files"),
                 prof.attack_steps, prof.attack_restarts, seed,
@@ -430,6 +529,8 @@ def adversarial_noise(
                 name, run, seeds[ok], radii[ok], model.metric, prof, seed, key, directory,
                 attack_batch,
             )  # fmt: skip
+            took = per_method[name].get("attack_seconds", 0.0)
+            log(f"attacked {name} on {data.name} in {int(ok.sum())} balls ({took:.1f} s)")
         for name in certifying:  # each certificate over these balls, judged in float64
             per_method[name]["certificate"] = _own_certificate(
                 runs[name].method.certifier(), worst_x[name], seeds, radii, ok, level,
@@ -445,4 +546,8 @@ def adversarial_noise(
             summary, seeds.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score
         )
         result.save(directory)
+        log(
+            f"adversarial noise on {data.name}: {summary['n_certified']} of {prof.n_seeds} seeds "
+            f"certified, CCU bound violations {summary['ccu_bound_violations']}"
+        )
         return AdversarialResult.load(directory)

@@ -7,6 +7,8 @@ out-GMM on (a subset of) the out-distribution; then ``theta >= 2 max sigma`` is 
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -33,7 +35,9 @@ def init_ccu(
 
     ``density`` is a density family (a registered name such as ``"gmm"``, the paper's, or
     ``"diag"``, or a :class:`ccu.DensityModel` class); both densities are fitted with its
-    ``fit(x, metric, seed=..., n_components=K)``.
+    ``fit(x, metric, seed=..., n_components=K)``, plus ``role="in"`` or ``role="out"`` when
+    that ``fit`` names a ``role`` parameter (e.g. to give the out-density heavier tails from
+    the start; families without it are called as before).
     ``x_metric`` (default ``x_in``) is the data for the covariance, e.g. augmented in-data.
     At most ``max_out`` out-distribution points (the paper: 20,000) are used for EM.
     """
@@ -44,8 +48,22 @@ def init_ccu(
         gen = torch.Generator().manual_seed(seed)
         x_out = x_out[torch.randperm(len(x_out), generator=gen)[:max_out]]
     family = get_density_family(density)
-    density_in = family.fit(x_in, metric, seed=seed, n_components=k_in)
-    density_out = family.fit(x_out, metric, seed=seed + 1, n_components=k_out)
+    density_in = _fit(family, x_in, metric, seed, k_in, "in")
+    density_out = _fit(family, x_out, metric, seed + 1, k_out, "out")
     model = CCU(classifier, density_in, density_out, num_classes, lam=lam)
     model.after_step()  # the densities' constraints (for mixtures: theta >= 2 max sigma)
     return model
+
+
+def _accepts_role(fit) -> bool:
+    """Whether a family's ``fit`` names a ``role`` parameter (``**options`` does not count: it
+    may forward them to a fit that has none)."""
+    try:
+        return "role" in inspect.signature(fit).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _fit(family, x, metric, seed: int, k: int, role: str):
+    options = {"role": role} if _accepts_role(family.fit) else {}
+    return family.fit(x, metric, seed=seed, n_components=k, **options)

@@ -12,12 +12,15 @@ pass is measured too and reported (certificates are about the float64 model).
 from __future__ import annotations
 
 import copy
+import inspect
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from ccu.density import DensityModel
+from ccu.results import CorruptResultError
 from ccu.validation import as_tensor, check_batch
 
 
@@ -25,38 +28,161 @@ class DensityCheckError(AssertionError):
     """A density's log-probability left the bounds it states for a ball."""
 
 
+class UnsoundDensityError(CorruptResultError):
+    """A density family breaks its own ball bounds, so CCU refuses to certify with it.
+
+    Raised when ``CCU-<family>`` is trained or loaded with a family that is not built in and
+    :func:`check_density` finds ``log p`` outside the family's ``lower(R) <= log p <= upper(R)``
+    (the command line: ``[ccu] error: ...``, exit code 4). The message is one line; ``report``
+    holds the checker's full :class:`DensityCheckReport`."""
+
+    def __init__(self, message: str, report: DensityCheckReport | None = None):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class BallFailure:
+    """One ball where a density broke its bounds (the worst point of that ball)."""
+
+    centre: str  # "centre 3" (index into ``centres``) or "random centre (seed s)"
+    radius: float
+    nearest_mean: float | None  # whitened distance from the centre to the nearest mean
+    upper: float
+    lower: float
+    log_p_min: float
+    log_p_max: float
+    problem: str = ""  # a shape or monotonicity problem instead of an excess
+
+    @property
+    def excess_upper(self) -> float:
+        """``max log p - upper(R)`` over the ball (absolute)."""
+        return self.log_p_max - self.upper
+
+    @property
+    def excess_lower(self) -> float:
+        """``lower(R) - min log p`` over the ball (absolute)."""
+        return self.lower - self.log_p_min
+
+    def where(self) -> str:
+        near = "" if self.nearest_mean is None else f", nearest mean {self.nearest_mean:.4g} away"
+        return f"ball around {self.centre} (R = {self.radius:.4g}{near})"
+
+    def __str__(self) -> str:
+        if self.problem:
+            return f"{self.where()}: {self.problem}"
+        parts = []
+        for name, ex, lp in (
+            ("log p - upper(R)", self.excess_upper, self.log_p_max),
+            ("lower(R) - log p", self.excess_lower, self.log_p_min),
+        ):
+            if ex > 0:
+                parts.append(
+                    f"{name} = {ex:.4g} absolute, {ex / (1 + abs(lp)):.3g} relative "
+                    "(/(1 + |log p|))"
+                )
+        return (
+            f"{self.where()}: {'; '.join(parts)}; upper(R) = {self.upper:.6g}, lower(R) = "
+            f"{self.lower:.6g}, log p in [{self.log_p_min:.6g}, {self.log_p_max:.6g}]"
+        )
+
+
 @dataclass
 class DensityCheckReport:
     """What :func:`check_density` measured. Excess = how far ``log p`` went past a bound
-    (<= 0: inside); the float64 excesses decide, the float32 ones are for information."""
+    (<= 0: inside); ``max_excess_*`` are *relative*, ``(log p - upper) / (1 + |log p|)``, and
+    ``max_abs_excess_*`` absolute (log-density units). The float64 excesses decide, the float32
+    ones are for information. Each distinct ball (centre and radius) is counted once
+    (``n_balls``) and reported once (``failed_balls``: its worst point)."""
 
     family: str
     n_balls: int = 0
     n_points: int = 0
     max_excess_upper: float = -math.inf
     max_excess_lower: float = -math.inf
+    max_abs_excess_upper: float = -math.inf
+    max_abs_excess_lower: float = -math.inf
     max_excess_upper_float32: float = -math.inf
     max_excess_lower_float32: float = -math.inf
     median_gap: float = math.nan  # median of upper - lower over the balls (tightness)
-    failures: list[str] = field(default_factory=list)
+    failed_balls: list[BallFailure] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # wrong shapes or dtypes of the bounds
+
+    @property
+    def failures(self) -> list[str]:
+        """Every problem found, one line each (a failed ball once)."""
+        return self.problems + [str(b) for b in self.failed_balls]
 
     @property
     def passed(self) -> bool:
         return not self.failures
 
+    def summary(self) -> str:
+        """One line: the verdict and the worst ball (for error messages)."""
+        if self.passed:
+            return f"{self.family} kept its bounds on {self.n_balls} balls"
+        if self.problems:
+            return f"{self.family}: {self.problems[0]}"
+        worst = max(self.failed_balls, key=lambda b: max(b.excess_upper, b.excess_lower))
+        return (
+            f"{self.family} breaks its bounds on {len(self.failed_balls)} of {self.n_balls} "
+            f"balls; worst: {worst}"
+        )
+
     def __str__(self) -> str:
         verdict = "PASSED" if self.passed else f"FAILED ({len(self.failures)} problems)"
         lines = [
             f"check_density({self.family}): {verdict}",
-            f"  balls: {self.n_balls}, points evaluated: {self.n_points}",
-            f"  float64: max log p - upper(R) = {self.max_excess_upper:.3g}, "
-            f"max lower(R) - log p = {self.max_excess_lower:.3g}   (must be <= tol)",
+            f"  distinct balls: {self.n_balls}, points evaluated: {self.n_points}",
+            f"  float64: max log p - upper(R) = {self.max_abs_excess_upper:.3g} absolute, "
+            f"{self.max_excess_upper:.3g} relative; max lower(R) - log p = "
+            f"{self.max_abs_excess_lower:.3g} absolute, {self.max_excess_lower:.3g} relative   "
+            "(relative = excess / (1 + |log p|), must be <= tol)",
             f"  float32: max log p - upper(R) = {self.max_excess_upper_float32:.3g}, "
-            f"max lower(R) - log p = {self.max_excess_lower_float32:.3g}   (information)",
+            f"max lower(R) - log p = {self.max_excess_lower_float32:.3g} (relative; information)",
             f"  median gap upper(R) - lower(R): {self.median_gap:.3g} (smaller = tighter)",
         ]
         lines += [f"  - {f}" for f in self.failures[:10]]
+        if len(self.failures) > 10:
+            lines.append(f"  ... and {len(self.failures) - 10} more")
         return "\n".join(lines)
+
+
+def _whitened_means(density, d: int) -> torch.Tensor | None:
+    """The density's component means in whitened coordinates (K, D), float64, if it has them
+    (``whitened_means``, else ``means`` or ``mean`` of the right width), else None."""
+    for name in ("whitened_means", "means", "mean"):
+        m = getattr(density, name, None)
+        if isinstance(m, torch.Tensor) and m.shape[-1:] == (d,) and m.ndim in (1, 2):
+            return m.detach().double().reshape(-1, d)
+    return None
+
+
+def _source(cls, method: str) -> tuple[str, int]:
+    """The file and line where ``cls`` defines ``method`` (for warnings in the user's code)."""
+    for klass in cls.__mro__:
+        if method in vars(klass):
+            func = vars(klass)[method]
+            try:
+                return inspect.getsourcefile(func) or "<unknown>", inspect.getsourcelines(func)[1]
+            except (OSError, TypeError):
+                return getattr(func, "__module__", "<unknown>"), 0
+    return "<unknown>", 0
+
+
+def _warn_gradients(density) -> None:
+    """A bound that carries gradients is named in the user's class (not inside ccu)."""
+    cls = type(density)
+    filename, lineno = _source(cls, "ball_bounds_whitened")
+    warnings.warn_explicit(
+        f"{cls.__name__}.ball_bounds_whitened returns bounds that carry gradients "
+        "(requires_grad=True): compute them from detached parameters (e.g. under "
+        "torch.no_grad()), or certifying builds autograd graphs it never uses.",
+        UserWarning,
+        filename,
+        lineno,
+        module=cls.__module__,
+    )
 
 
 def _ascent(density, w0, radius, sign, steps, generator):
@@ -110,7 +236,11 @@ def check_density(
     them centres are drawn ``spread`` whitened units around the origin. Radii are log-uniform in
     ``radii`` (whitened units). ``tol`` is the float64 slack (relative to ``1 + |log p|``).
     Returns a :class:`DensityCheckReport`; raises :class:`DensityCheckError` with that report when
-    a bound fails (``raise_on_failure``). Needs ``hypothesis``.
+    a bound fails (``raise_on_failure``). A failed ball is reported once, with the absolute and
+    the relative excess, its centre (index into ``centres``) and, for a density with means
+    (``whitened_means``, ``means`` or ``mean``), the whitened distance to the nearest one. Bounds
+    that carry gradients get a warning that names the density's class and method. Needs
+    ``hypothesis``.
     """
     try:
         from hypothesis import HealthCheck, given, settings
@@ -131,33 +261,56 @@ def check_density(
         pool = None
     report = DensityCheckReport(type(density).__name__)
     gaps: list[torch.Tensor] = []
+    means = _whitened_means(dens64, d)
+    if means is not None:
+        means = means.to(W.device)
+    seen: set = set()  # distinct balls: hypothesis may draw the same centre and radius again
+    warned = []
 
     def one_ball(seed_, log_r, pick):
         gen = torch.Generator().manual_seed(seed_)
         if pool is not None:
+            key = ("centre", pick % len(pool), log_r)
             w0 = pool[pick % len(pool)][None].cpu()
+            label = f"centre {pick % len(pool)}"
         else:
+            key = ("seed", seed_, log_r)
             w0 = spread * torch.randn(1, d, generator=gen, dtype=torch.float64)
+            label = f"random centre (seed {seed_})"
+        if key in seen:
+            return
+        seen.add(key)
         w0 = w0.to(W.device)
         r = torch.full((1,), 10.0**log_r, dtype=torch.float64, device=W.device)
+        near = None if means is None else float((means - w0).norm(dim=1).min())
+        ball = dict(centre=label, radius=float(r), nearest_mean=near)
         bounds = dens64.ball_bounds_whitened(w0)
         up, lo = bounds.upper(r), bounds.lower(r)
         for name, t in (("upper", up), ("lower", lo)):
-            if t.shape != (1,) or t.dtype != torch.float64:
-                report.failures.append(
-                    f"{name}(R) must be float64 of shape (n,); got {t.dtype} {tuple(t.shape)}"
-                )
+            if not isinstance(t, torch.Tensor) or t.shape != (1,) or t.dtype != torch.float64:
+                what = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
+                msg = f"{name}(R) must be a float64 tensor of shape (n,); got {what}"
+                if msg not in report.problems:
+                    report.problems.append(msg)
                 return
+        if up.requires_grad or lo.requires_grad:
+            if not warned:
+                _warn_gradients(density)
+                warned.append(True)
+            up, lo = up.detach(), lo.detach()
+        report.n_balls += 1
+        fail = dict(ball, upper=float(up), lower=float(lo), log_p_min=math.nan)
+        fail["log_p_max"] = math.nan
         if not bool(up >= lo):
-            report.failures.append(f"upper(R) < lower(R) at R = {float(r):.3g}")
+            report.failed_balls.append(BallFailure(**fail, problem="upper(R) < lower(R)"))
+            return
         # monotone in R: a bigger ball has a larger upper and a smaller lower bound
         r2 = r * 2
-        if bool(bounds.upper(r2) < up - tol * (1 + up.abs())) or bool(
-            bounds.lower(r2) > lo + tol * (1 + lo.abs())
-        ):
-            report.failures.append(
-                f"bounds not monotone in R between {float(r):.3g} and {float(r2):.3g}"
-            )
+        up2, lo2 = bounds.upper(r2).detach(), bounds.lower(r2).detach()
+        if bool(up2 < up - tol * (1 + up.abs())) or bool(lo2 > lo + tol * (1 + lo.abs())):
+            problem = f"bounds not monotone in R between {float(r):.3g} and {float(r2):.3g}"
+            report.failed_balls.append(BallFailure(**fail, problem=problem))
+            return
         pts = _points(w0.cpu(), r.cpu(), n_directions, gen).to(W.device)[0]
         hi_pt = _ascent(dens64, w0, r, +1.0, ascent_steps, gen)
         lo_pt = _ascent(dens64, w0, r, -1.0, ascent_steps, gen)
@@ -170,10 +323,11 @@ def check_density(
         scale = 1 + lp64.abs()
         ex_up = float(((lp64 - up) / scale).max())
         ex_lo = float(((lo - lp64) / scale).max())
-        report.n_balls += 1
         report.n_points += len(pts)
         report.max_excess_upper = max(report.max_excess_upper, ex_up)
         report.max_excess_lower = max(report.max_excess_lower, ex_lo)
+        report.max_abs_excess_upper = max(report.max_abs_excess_upper, float((lp64 - up).max()))
+        report.max_abs_excess_lower = max(report.max_abs_excess_lower, float((lo - lp64).max()))
         report.max_excess_upper_float32 = max(
             report.max_excess_upper_float32, float(((lp32 - up) / scale).max())
         )
@@ -182,11 +336,8 @@ def check_density(
         )
         gaps.append((up - lo).cpu())
         if ex_up > tol or ex_lo > tol:
-            report.failures.append(
-                f"ball R = {float(r):.4g}: log p - upper = {ex_up:.3g}, lower - log p = {ex_lo:.3g} "
-                f"(relative); upper = {float(up):.6g}, lower = {float(lo):.6g}, "
-                f"log p in [{float(lp64.min()):.6g}, {float(lp64.max()):.6g}]"
-            )
+            fail.update(log_p_min=float(lp64.min()), log_p_max=float(lp64.max()))
+            report.failed_balls.append(BallFailure(**fail))
 
     @settings(
         max_examples=max_examples,

@@ -312,3 +312,69 @@ def test_precision_reaches_the_runs_and_a_bf16_run_is_reused_only_as_bf16(tmp_pa
     assert cli.main(["train", *base, "--method", "Base"]) == 0  # float32: trained anew
     assert not json.loads((run_dir / "trained.json").read_text())["loaded"]
     capsys.readouterr()
+
+
+PLUGIN = '''
+import torch
+
+import ccu
+
+
+@ccu.register_density("{name}")
+class PluginMixture(ccu.GaussianMixture):
+    """The paper's mixture under another name (a family that is not built in)."""
+
+    theorem1 = False
+{extra}
+'''
+IGNORES_R = """
+    def ball_bounds_whitened(self, w0):  # wrong: the upper bound ignores R
+        good = super().ball_bounds_whitened(w0)
+        return ccu.BallBounds.from_functions(
+            len(w0), upper=lambda r: good.upper(torch.zeros_like(r)), lower=good.lower
+        )
+"""
+
+
+@pytest.fixture
+def plugin_files(tmp_path, monkeypatch):
+    import ccu
+
+    good, bad = tmp_path / "my_families.py", tmp_path / "broken_family.py"
+    good.write_text(PLUGIN.format(name="plugtest", extra=""))
+    bad.write_text(PLUGIN.format(name="plugbroken", extra=IGNORES_R))
+    monkeypatch.chdir(tmp_path)
+    yield good, bad
+    for name in ("plugtest", "plugbroken"):
+        ccu.density.DENSITY_FAMILIES.pop(name, None)
+    sys.modules.pop("my_families", None)
+
+
+def test_a_family_in_a_module_trains_from_the_cli_with_plugin(plugin_files, tmp_path, capsys):
+    good, bad = plugin_files
+    common = ["--dataset", "digits", "--profile", "smoke", "--overrides", json.dumps(TINY)]
+    common += ["--results", str(tmp_path / "res"), "--device", "cpu", "--no-progress"]
+    # without the plugin: an unknown method, and the message says how to make it known
+    assert cli.main(["train", "--method", "CCU-plugtest", *common]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("[ccu] error: unknown method 'CCU-plugtest'") and err.count("\n") == 1
+    assert "@ccu.register_density('plugtest')" in err and "--plugin MODULE" in err
+    # a .py file: trains (checked against its bounds: it keeps them), then a module name from
+    # the current directory: loads the saved run
+    argv = ["--method", "CCU-plugtest", *common]
+    assert cli.main(["train", *argv, "--plugin", str(good)]) == cli.EXIT_OK
+    assert "CCU-plugtest on digits" in capsys.readouterr().out
+    assert cli.main(["evaluate", *argv, "--plugin", "my_families"]) == cli.EXIT_OK
+    assert cli.main(["methods", "--plugin", "my_families"]) == cli.EXIT_OK
+    assert "CCU-plugtest" in capsys.readouterr().out
+    # a family whose upper bound ignores R: refused with one line, nothing certified
+    argv = ["--method", "CCU-plugbroken", "--plugin", str(bad), *common]
+    assert cli.main(["train", *argv]) == cli.EXIT_CORRUPT
+    err = capsys.readouterr().err
+    assert err.startswith("[ccu] error: CCU-plugbroken refuses to certify") and err.count("\n") == 1
+    # plugins that are not there, or fail to import
+    assert cli.main(["train", "--plugin", "no_such_module", *argv[:2], *common]) == cli.EXIT_MISSING
+    assert "no module of that name" in capsys.readouterr().err
+    (tmp_path / "raises.py").write_text("raise RuntimeError('boom')\n")
+    assert cli.main(["methods", "--plugin", "raises.py"]) == cli.EXIT_USAGE
+    assert "failed to import: RuntimeError: boom" in capsys.readouterr().err

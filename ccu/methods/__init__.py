@@ -29,7 +29,27 @@ def get_method(name: str) -> type[Method]:
     raise ValueError(
         f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}"
         + (f", and CCU with another density: {families}." if families else ".")
+        + unknown_method_hint(name)
     )
+
+
+def unknown_method_hint(name: str) -> str:
+    """For an unknown ``CCU-<name>``: how to make its density family known ("" otherwise)."""
+    if not isinstance(name, str) or not name.startswith("CCU-") or len(name) == 4:
+        return ""
+    return (
+        f" {name} needs its density family registered in this process: decorate the class with "
+        f"@ccu.register_density({name[4:]!r}) and run that cell or import that module first; "
+        "on the command line pass the module with --plugin MODULE (a module name or a .py "
+        "file; the workflow's config key `plugins`)."
+    )
+
+
+def method_names() -> list[str]:
+    """Every method by name, in the paper's column order: the registered methods, then
+    ``CCU-<family>`` for every other registered density family (e.g. ``CCU-diag``)."""
+    others = [f"CCU-{f}" for f in DENSITY_FAMILIES if f != CCUMethod.density]
+    return ordered(dict.fromkeys([*METHODS, *others]))
 
 
 def ordered(names) -> list[str]:
@@ -64,6 +84,8 @@ __all__ = [
     "CCUMethod",
     "Method",
     "get_method",
+    "method_names",
     "ordered",
     "register_method",
+    "unknown_method_hint",
 ]

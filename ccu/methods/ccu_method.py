@@ -4,18 +4,48 @@
 family (``CCU-diag``: :class:`ccu.DiagonalGaussianMixture`; a family registered in a notebook with
 :func:`ccu.register_density` works the same). The saved state names the family and its shapes,
 so loading needs no guessing from state-dict keys.
+
+A family that is not built in (``gmm``, ``diag``) is checked against its own ball bounds
+(:func:`ccu.testing.check_density`, a few seconds) as fitted, after training and after loading;
+if it breaks them, :class:`ccu.testing.UnsoundDensityError` refuses to certify with it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ccu.data import uniform_noise
 from ccu.data.augment import covariance_sample
-from ccu.density import get_density_family
+from ccu.density import GaussianMixture, get_density_family
+from ccu.diag_gmm import DiagonalGaussianMixture
 from ccu.initialisation import init_ccu
 from ccu.methods.base import BaseMethod, register_method
 from ccu.metric import Mahalanobis
 from ccu.model import CCU
+from ccu.testing import UnsoundDensityError, check_density
+
+#: the families shipped with ccu (tested in tests/): not re-checked when a CCU is trained
+BUILT_IN_FAMILIES = (GaussianMixture, DiagonalGaussianMixture)
+#: :func:`ccu.testing.check_density`'s arguments for the quick check of any other family (radii
+#: up to 1e5 whitened units: certified radii of broken bounds are often in the thousands)
+QUICK_CHECK = dict(max_examples=15, radii=(1e-3, 1e5), n_directions=8, ascent_steps=20)
+#: centres of the quick check: this many training points, out-distribution points, noise seeds
+QUICK_CHECK_CENTRES = 8
+
+
+def check_family(model: CCU, centres, method: str, when: str) -> None:
+    """Raise :class:`UnsoundDensityError` (one line) unless both densities of ``model`` keep
+    their ball bounds on :data:`QUICK_CHECK`'s balls around ``centres``."""
+    for role, density in (("in", model.density_in), ("out", model.density_out)):
+        report = check_density(density, centres=centres, raise_on_failure=False, **QUICK_CHECK)
+        if not report.passed:
+            raise UnsoundDensityError(
+                f"{method} refuses to certify: its {role}-density ({when}) breaks its own ball "
+                f"bounds, so its certificates would be false. {report.summary()}. Fix "
+                f"{type(density).__name__}.ball_bounds_whitened and test it with "
+                "ccu.testing.check_density.",
+                report,
+            )
 
 
 @register_method
@@ -50,6 +80,33 @@ class CCUMethod(BaseMethod):
             x_metric=covariance_sample(data, self.settings, self.seed),
             density=self.density,
         ).to(self.device)
+
+    def checks_density(self) -> bool:
+        """Whether this method's family is checked (every family but the built-in ones)."""
+        return get_density_family(self.density) not in BUILT_IN_FAMILIES
+
+    def check_densities(self, data=None, when: str = "trained") -> None:
+        """:func:`check_family` on this model, centred at noise seeds and (with ``data``)
+        training and out-distribution points; nothing for a built-in family."""
+        if not self.checks_density():
+            return
+        model = self._require_model()
+        n = QUICK_CHECK_CENTRES
+        centres = [uniform_noise(n if data is not None else 3 * n, self.spec.shape, self.seed)]
+        if data is not None:
+            centres += [data.train_x[:n], data.out_x[:n]]
+        centres = torch.cat([c.reshape(len(c), -1).float() for c in centres])
+        check_family(model, centres.to(model.metric.whitening.device), self.name, when)
+
+    def fit(self, data, checkpoint=None):
+        self.check_densities(data, "as fitted, before training")
+        history = super().fit(data, checkpoint=checkpoint)
+        self.check_densities(data, "after training")
+        return history
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.check_densities(None, "as loaded")
 
     def state_dict(self) -> dict:
         model = self._require_model()
