@@ -217,3 +217,30 @@ def summary(comp: pd.DataFrame) -> dict:
             float(d.median()) if len(d) else float("nan")
         )
     return out
+
+
+def heatmap_figure(comp: pd.DataFrame, table: str = "Table 2"):
+    """One heat map per paper dataset with numbers of ours: ours - paper (points) per OOD set
+    (rows) and method (columns), diverging around 0, annotated; blank where either is missing."""
+    import matplotlib.pyplot as plt
+
+    frames = {d: heatmap_frame(comp, d, table) for d in PAPER_DATASETS}
+    frames = {d: f for d, f in frames.items() if not f.empty and f.notna().any().any()}
+    n = max(len(frames), 1)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 3.6), squeeze=False)
+    limit = max([float(np.nanmax(np.abs(f.values))) for f in frames.values()] + [1.0])
+    for ax, (d, f) in zip(axes[0], frames.items(), strict=False):
+        im = ax.imshow(f.values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+        ax.set_xticks(range(f.shape[1]), f.columns, rotation=45, ha="right")
+        ax.set_yticks(range(f.shape[0]), f.index)
+        for (i, j), v in np.ndenumerate(f.values):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=7)
+        ax.grid(False)
+        ax.set_title(f"{d}: {table}, ours − paper (points)")
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    if not frames:
+        axes[0][0].text(0.5, 0.5, "no committed results", ha="center")
+        axes[0][0].set_axis_off()
+    fig.tight_layout()
+    return fig
