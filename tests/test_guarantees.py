@@ -76,3 +76,25 @@ def test_evaluate_guarantees_writes_and_reference_copies(tmp_path, capsys):
     assert cli.main(["evaluate", *step, "--method", "CCU", "--guarantees"]) == cli.EXIT_OK
     assert "share_certified" in capsys.readouterr().out
     assert cli.main(["evaluate", *step, "--method", "Base", "--guarantees"]) == cli.EXIT_USAGE
+
+
+def test_the_committed_field_table_puts_ours_beside_good():
+    """The committed MNIST guarantees (profile cpu) beside GOOD's Table 1 at the same eps; the
+    committed CSV is what :func:`ccu.guarantees.field_table` gives (nothing typed by hand)."""
+    import pandas as pd
+
+    from ccu import report
+
+    t = guarantees.field_table()
+    assert set(t.eps_inf) == {0.3}
+    ours = t[t.source.str.startswith("ours")]
+    assert set(ours.ood_set) >= {"FMNIST", "GrCIFAR10", "Uniform"}
+    assert (ours.GAUC_strict <= ours.GAUC + 1e-9).all()  # ties lose in the strict GAUC
+    good80 = t[(t.method == "GOOD80") & (t.ood_set == "FMNIST")].iloc[0]
+    assert good80.GAUC == 55.5 and "2007.08473" in good80.source
+    csv = report.REFERENCE_RESULTS / "cpu" / "mnist" / "gauc_vs_good.csv"
+    saved = pd.read_csv(csv)
+    assert len(saved) == len(t) and list(saved.method) == list(t.method)
+    assert (saved.GAUC - t.GAUC).abs().max() < 0.01
+    g = guarantees.committed_guarantees()["CCU mnist (cpu)"]
+    assert g["field_eps_inf"] == 0.3 and "/work" not in json.dumps(g)
