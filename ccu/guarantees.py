@@ -304,3 +304,77 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
     df["comparable"] = "threat model (l_inf, eps), metric (GAUC), OOD set"
     df["not_comparable"] = NOT_COMPARABLE
     return df
+
+
+# ----------------------------------------------------------------------------- for the chapter
+def certificate_table(g: dict):
+    """:func:`summary_rows` of a ``guarantees.json`` as a table (shares and AUCs in percent)."""
+    import pandas as pd
+
+    from ccu import report
+
+    df = pd.DataFrame(summary_rows(g)).set_index("set")
+    df.index = [report.PAPER_OOD.get(n, n) if n != "test" else "test (in-dist.)" for n in df.index]
+    for col in ("share_certified", "certified_auc", "gauc_field_eps"):
+        df[col] = 100 * df[col].astype(float)
+    return df.rename(
+        columns={
+            "share_certified": "certified %",
+            "median_radius": "median R",
+            "median_inner_l2": "median l2 radius",
+            "median_inner_linf": "median linf radius",
+            "certified_auc": "certified AUC %",
+            "gauc_field_eps": f"GAUC % (linf {g.get('field_eps_inf')})",
+        }
+    )
+
+
+def gauc_sweep_figure(g: dict, title: str = ""):
+    """GAUC against eps per OOD set, l_inf (left) and l_2 (right): scikit-learn's (ties one
+    half, solid) and strict (ties lose, dashed); the field's l_inf eps marked."""
+    import matplotlib.pyplot as plt
+
+    from ccu import report
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, norm in ((axes[0], "gauc_inf", "l_inf"), (axes[1], "gauc_2", "l_2")):
+        for i, (name, s) in enumerate(g["sets"].items()):
+            if key not in s:
+                continue
+            eps = [float(e) for e in s[key]]
+            colour = f"C{i}"
+            label = report.PAPER_OOD.get(name, name)
+            ax.plot(eps, [100 * v["gauc"] for v in s[key].values()], "o-", c=colour, label=label)
+            ax.plot(eps, [100 * v["gauc_strict"] for v in s[key].values()], "x--", c=colour)
+        if key == "gauc_inf" and g.get("field_eps_inf") is not None:
+            ax.axvline(g["field_eps_inf"], c="grey", lw=0.8)
+        if key == "gauc_inf":
+            ax.set_xscale("symlog", linthresh=1e-3)
+            ax.set_xlim(left=0)
+        else:
+            ax.set_xscale("log")
+        ax.set_xlabel(f"{norm} radius eps")
+        ax.set_ylabel("GAUC %")
+        ax.set_ylim(-2, 102)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def attack_check(model, x, eps, p=math.inf, steps: int = 50, restarts: int = 2, seed: int = 0):
+    """PGD (:func:`ccu.lp.lp_attack`) on the float64 model's confidence inside the l_p balls
+    against :func:`ccu.lp_confidence_bound`: ``{"bound", "attacked", "violations"}`` (float64)."""
+    import copy
+
+    twin = copy.deepcopy(model).double().eval()
+    x64 = torch.as_tensor(x).double()
+    bound = ccu.lp_confidence_bound(model, x64, eps, p)
+    _, score = lp.lp_attack(ccu.confidence_score(twin), x64, eps, p, steps, restarts, seed)
+    attacked = score.detach().exp().cpu()
+    return {
+        "bound": bound.cpu(),
+        "attacked": attacked,
+        "violations": int((attacked > bound.cpu() * (1 + 1e-9)).sum()),
+    }
