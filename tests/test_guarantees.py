@@ -98,3 +98,18 @@ def test_the_committed_field_table_puts_ours_beside_good():
     assert (saved.GAUC - t.GAUC).abs().max() < 0.01
     g = guarantees.committed_guarantees()["CCU mnist (cpu)"]
     assert g["field_eps_inf"] == 0.3 and "/work" not in json.dumps(g)
+
+
+def test_a_ccu_family_gets_its_own_guarantees(tmp_path):
+    """CCU-<family> (here the diagonal mixtures) is certified by its own densities."""
+    from ccu import experiment
+    from ccu.config import get_profile
+    from ccu.data import load_dataset
+
+    prof = get_profile("smoke", **TINY)
+    data = load_dataset("digits", seed=0).subset(prof.n_train)
+    run = experiment.run_method("digits", "CCU-diag", prof, 0, "cpu", data=data, root=tmp_path)
+    g = guarantees.run_guarantees(run, data)
+    assert g["method"] == "CCU-diag" and (run.directory / "guarantees.json").exists()
+    assert g["sets"]["uniform"]["share_certified"] > 0.5
+    assert cli.guarantees_one("digits", "Base", prof, 0, "cpu", tmp_path) is None
