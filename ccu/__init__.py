@@ -31,6 +31,13 @@ from ccu.density import (
 from ccu.diag_gmm import DiagonalGaussianMixture
 from ccu.initialisation import init_ccu
 from ccu.losses import ccu_loss, uniform_cross_entropy
+from ccu.lp import (
+    guaranteed_auc,
+    inner_lp_radius,
+    lp_confidence_bound,
+    lp_norm_factor,
+    mahalanobis_radius,
+)
 from ccu.metric import Mahalanobis
 from ccu.model import CCU, ConstraintError, TheoremNotApplicable
 from ccu.nets import MLP, LeNet, make_classifier
@@ -72,6 +79,11 @@ __all__ = [
     "confidence_score",
     "get_density_family",
     "get_profile",
+    "guaranteed_auc",
+    "inner_lp_radius",
+    "lp_confidence_bound",
+    "lp_norm_factor",
+    "mahalanobis_radius",
     "init_ccu",
     "log_ratio_bound",
     "make_classifier",

@@ -315,6 +315,23 @@ def evaluate_one(dataset, method, prof, seed, root=None) -> dict:
     return out
 
 
+def guarantees_one(dataset, method, prof, seed, device, root=None, data=None, **options):
+    """Certificates around every OOD test set and CCU's guaranteed AUC (GAUC) at GOOD's /
+    ProoD's l_inf radii, for a saved run of a certifying method (:mod:`ccu.guarantees`); writes
+    ``guarantees.json`` beside the run and returns it, None for a method without a certifier."""
+    from ccu import experiment, guarantees
+    from ccu.methods import get_method
+    from ccu.methods.ccu_method import CCUMethod
+
+    if not issubclass(get_method(method), CCUMethod):  # only CCU and CCU-<family> certify
+        return None
+    data = data if data is not None else _load_data(dataset, prof, seed)
+    run = experiment.run_method(
+        dataset, method, prof, seed, device, data=data, root=root, **options
+    )
+    return guarantees.run_guarantees(run, data)
+
+
 def attack_dataset(dataset, methods, prof, seed, device, root=None, data=None, **options):
     """Certify CCU's balls around noise and attack every method in them (Table 1)."""
     from ccu import experiment
@@ -361,6 +378,9 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         store.write_json(out / f"{name}.config.json", cfg)
         metrics = _without_machine_paths(store.read_json(d / "metrics.json"))
         store.write_json(out / f"{name}.metrics.json", metrics)
+        if (d / "guarantees.json").exists():  # certifying methods: ccu.guarantees
+            guarantees = _without_machine_paths(store.read_json(d / "guarantees.json"))
+            store.write_json(out / f"{name}.guarantees.json", guarantees)
     table1 = dict(adv.summary)
     seconds += sum(r.get("attack_seconds", 0.0) for r in adv.methods.values())
     device, device_name = sorted(devices)[0] if len(devices) == 1 else ("mixed", "mixed")
@@ -445,6 +465,20 @@ def cmd_train(args) -> int:
 def cmd_evaluate(args) -> int:
     prof = _profile(args)
     out = evaluate_one(args.dataset, args.method, prof, args.seed, _root(args))
+    if args.guarantees:
+        from ccu import guarantees
+
+        g = guarantees_one(args.dataset, args.method, prof, args.seed, _device(args), _root(args))
+        if g is None:
+            raise UsageError(f"--guarantees: {args.method} has no certifier (CCU, CCU-<family>).")
+        print(f"certificates and GAUC (l_inf eps = {g['field_eps_inf']}):")
+        for row in guarantees.summary_rows(g):
+            print(
+                "  "
+                + ", ".join(
+                    f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+                )
+            )
     print(
         f"{args.method} on {args.dataset}, seed {args.seed}: test error {100 * out['test_error']:.2f} %"
     )
@@ -653,6 +687,7 @@ def _run_seed(args, dataset, seed, prof, device, root, order, box: TimeBox) -> N
                 times.method(m, time.perf_counter() - began, finished=True)
                 box.worked = True
             evaluate_one(dataset, m, prof, seed, root)
+            guarantees_one(dataset, m, prof, seed, device, root, data=data, **options)
             done.append(m)
             _say(f"{m}: done {times.call_seconds():.0f} s from the start")
         if skipped:
@@ -769,6 +804,13 @@ def build_parser() -> argparse.ArgumentParser:
         one(p, "--dataset", "dataset", datasets)
         one(p, "--method", "method", methods, many=many)
         p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+        if name == "evaluate":
+            p.add_argument(
+                "--guarantees",
+                action="store_true",
+                help="also certify balls around every OOD test set and compute the guaranteed "
+                "AUC over l_inf / l_2 balls (CCU, CCU-<family>; writes guarantees.json)",
+            )
         p.set_defaults(func=func)
 
     p = sub.add_parser("tables", parents=[common], help="the paper's tables, mean ± sd over seeds")

@@ -69,9 +69,11 @@ def test_each_regression_fails_the_page(change, message):
 def test_expected_figures_come_from_the_chapter_source():
     assert check_book.expected_figures(ROOT / "book" / "two_moons.ipynb") == 1
     assert check_book.expected_figures(ROOT / "book" / "adversarial_noise.ipynb") == 3
+    assert check_book.expected_figures(ROOT / "book" / "glance.ipynb") == 1
+    assert check_book.expected_figures(ROOT / "book" / "field_terms.ipynb") == 1
     assert check_book.expected_figures(ROOT / "book" / "intro.md") == 0
     pages = check_book.pages_of_book(ROOT / "_build" / "html")
-    assert len(pages) == 9 and all(src.exists() for src in pages.values())
+    assert len(pages) == 11 and all(src.exists() for src in pages.values())
 
 
 # ----------------------------------------------------------------------------- in Chromium

@@ -256,7 +256,7 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     names = {p.name for p in out_dir.iterdir()}
     assert names == {
         "Base.config.json", "Base.metrics.json", "CCU.config.json", "CCU.metrics.json",
-        "table1.json", "radii.csv", "figure2.npz",
+        "CCU.guarantees.json", "table1.json", "radii.csv", "figure2.npz",
     }  # fmt: skip
     t1 = json.loads((out_dir / "table1.json").read_text())
     assert t1["skipped_for_time"] == [] and t1["device"] == "cpu" and t1["wall_seconds_total"] > 0
