@@ -258,7 +258,8 @@ def same_config(a: dict, b: dict) -> bool:
 
 def config_differences(saved: dict, wanted: dict) -> list[str]:
     """What differs between two configs' keys, e.g. ``["precision: bf16 here, float32 asked"]``."""
-    a, b = _key_fields(saved), _key_fields(wanted)
+    # as JSON holds them (a tuple asked is the list saved)
+    a, b = (json.loads(json.dumps(_key_fields(c), default=str)) for c in (saved, wanted))
     out = []
     for k in CONFIG_KEYS:
         if a[k] == b[k]:
