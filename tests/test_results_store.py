@@ -71,7 +71,9 @@ def _child(root: Path, kill: str = "none") -> subprocess.CompletedProcess:
 
 def _strip(obj):
     if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items() if k not in TIMING and k != "files"}
+        # config.json's checksum covers its timings
+        drop = TIMING | {"files", results.CONFIG_CHECKSUM}
+        return {k: _strip(v) for k, v in obj.items() if k not in drop}
     return obj
 
 
