@@ -349,7 +349,7 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     devices, seconds, per_method = set(), 0.0, {}
     for name in names:
         d = store.method_dir(prof, dataset, name, root, seed)
-        config = store.read_json(d / "config.json")
+        config = store.read_config(d / "config.json")
         stamp = store.read_json(d / "trained.json") if (d / "trained.json").exists() else {}
         device = stamp.get("device", "unknown")
         devices.add((device, stamp.get("device_name", "unknown")))
