@@ -48,21 +48,28 @@ class SeedRuns:
         return ordered({m for per in self.metrics.values() for m in per})
 
 
-def seeds_present(profile: str, dataset: str, root=None) -> list[int]:
-    """The seeds with a ``seed<k>`` directory for ``profile`` and ``dataset``."""
-    d = store.root_dir(root) / profile / dataset
-    found = (re.fullmatch(r"seed(\d+)", p.name) for p in d.glob("seed*") if p.is_dir())
-    return sorted(int(m.group(1)) for m in found if m)
+def seeds_present(profile, dataset: str, root=None) -> list[int]:
+    """The seeds with a ``seed<k>`` directory for ``profile`` (a :class:`ccu.Profile` or a
+    folder name: its trained methods' folder or its attack's, see :mod:`ccu.results`) and
+    ``dataset``."""
+    found = set()
+    for training in (False, True):
+        d = store.root_dir(root) / store.folder_name(profile, training) / dataset
+        match = (re.fullmatch(r"seed(\d+)", p.name) for p in d.glob("seed*") if p.is_dir())
+        found |= {int(m.group(1)) for m in match if m}
+    return sorted(found)
 
 
-def collect(profile: str, dataset: str, root=None, seeds=None, methods=None) -> SeedRuns:
+def collect(profile, dataset: str, root=None, seeds=None, methods=None) -> SeedRuns:
     """The complete runs of ``dataset`` (those with ``config.json``) for ``seeds`` (default: all
-    present) and ``methods`` (default: all found). Raises :class:`NoResultsError` when a seed
-    asked for has no run at all, or nothing is found."""
-    runs = SeedRuns(profile, dataset)
+    present) and ``methods`` (default: all found); ``profile``: a :class:`ccu.Profile` or a
+    folder name. Raises :class:`NoResultsError` when a seed asked for has no run at all, or
+    nothing is found."""
+    label = store.folder_name(profile)
+    runs = SeedRuns(label, dataset)
     want = list(seeds) if seeds is not None else seeds_present(profile, dataset, root)
     for seed in want:
-        sd = store.seed_dir(profile, dataset, seed, root)
+        sd = store.seed_dir(profile, dataset, seed, root, training=True)
         names = methods or [p.parent.name for p in sd.glob("*/config.json")]
         per = {}
         for m in names:
@@ -71,9 +78,9 @@ def collect(profile: str, dataset: str, root=None, seeds=None, methods=None) -> 
                 per[m] = store.read_json(d / "metrics.json")
             elif methods is not None:
                 raise NoResultsError(
-                    f"no complete run of {m} on {dataset} (profile {profile}, seed {seed}) in "
+                    f"no complete run of {m} on {dataset} (profile {label}, seed {seed}) in "
                     f"{d}; run `ccu train --dataset {dataset} --method {m} --seed {seed} "
-                    f"--profile {profile}` first."
+                    f"--profile {label.split('-')[0]}` first."
                 )
         if per:
             runs.metrics[seed] = per
@@ -82,12 +89,12 @@ def collect(profile: str, dataset: str, root=None, seeds=None, methods=None) -> 
             runs.table1[seed] = store.read_json(t1)
         if seed not in runs.metrics and seed not in runs.table1 and seeds is not None:
             raise NoResultsError(
-                f"no results of {dataset} for seed {seed} (profile {profile}) under {sd}."
+                f"no results of {dataset} for seed {seed} (profile {label}) under {sd}."
             )
     if not runs.seeds:
         raise NoResultsError(
-            f"no results of {dataset} for profile {profile} under "
-            f"{store.root_dir(root) / profile / dataset}; train first (`ccu run` or the workflow)."
+            f"no results of {dataset} for profile {label} under "
+            f"{store.root_dir(root) / label / dataset}; train first (`ccu run` or the workflow)."
         )
     return runs
 
@@ -205,9 +212,10 @@ def p_stats_table(runs: SeedRuns) -> pd.DataFrame:
 TABLES = ("table1", "certification", "table2_auroc", "table_aupr", "p_stats")
 
 
-def build_tables(profile: str, dataset: str, root=None, seeds=None, methods=None, runs=None):
-    """Every table of ``dataset`` over ``seeds`` (default: all present) as long DataFrames
-    (``method, key, mean, sd, n, paper``; percent), keyed by :data:`TABLES` names. Table 1 and
+def build_tables(profile, dataset: str, root=None, seeds=None, methods=None, runs=None):
+    """Every table of ``dataset`` over ``seeds`` (default: all present; ``profile``: see
+    :func:`collect`) as long DataFrames (``method, key, mean, sd, n, paper``; percent), keyed by
+    :data:`TABLES` names. Table 1 and
     the certification table are left out when no seed has been attacked. ``runs``: what
     :func:`collect` returned, if already read."""
     runs = runs if runs is not None else collect(profile, dataset, root, seeds, methods)
@@ -257,7 +265,7 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def write_tables(profile: str, dataset: str, root=None, seeds=None, out=None, methods=None):
+def write_tables(profile, dataset: str, root=None, seeds=None, out=None, methods=None):
     """Write every table of :func:`build_tables` to ``out`` (default
     :func:`ccu.results.tables_dir`): ``<name>.csv`` (numbers) and ``tables.md`` (display).
     Returns ``(written paths, tables)``."""
@@ -268,7 +276,7 @@ def write_tables(profile: str, dataset: str, root=None, seeds=None, out=None, me
     seeds_used = runs.seeds
     written = []
     text = [
-        f"# {dataset}, profile {profile}: mean ± sd over seeds {seeds_used}",
+        f"# {dataset}, profile {runs.profile}: mean ± sd over seeds {seeds_used}",
         "",
         "Numbers in percent (radii as they are); sd is the sample standard deviation over the "
         "seeds. The paper reports one run per cell.",

@@ -35,7 +35,8 @@ EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later"
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_FAILED: "the step failed (an unexpected error; the traceback says where)",
-    EXIT_USAGE: "bad usage: unknown dataset, method or profile, bad --overrides, bad flags",
+    EXIT_USAGE: "bad usage: unknown dataset, method or profile, bad --overrides, bad flags, or "
+    "--results holds a finished run of another configuration where this one would go",
     EXIT_MISSING: "missing input: data files or the results a step needs are not there",
     EXIT_CORRUPT: "a result file is corrupt or incomplete (the message names it)",
     EXIT_STOPPED: "stopped for time (--stop-after); run the same command again to continue",
@@ -253,15 +254,19 @@ def _saved_run(dataset, method, prof, seed, root):
     """The complete saved run's ``(config, scores, metrics)``; MissingError when there is none."""
     from ccu import results as store
 
-    files = store.MethodStore(store.method_dir(prof.name, dataset, method, root, seed))
+    files = store.MethodStore(store.method_dir(prof, dataset, method, root, seed))
     config = files.saved_config()
     if config is None:
         raise MissingError(
             f"{method} on {dataset} (profile {prof.name}, seed {seed}) is not trained: no "
             f"{files.config_path}. Run `ccu train --dataset {dataset} --method {method} "
-            f"--seed {seed} --profile {prof.name}` first."
+            f"--seed {seed} --profile {prof.base}`"
+            + (" with the same --overrides" if prof.label != prof.base else "")
+            + " first."
         )
-    same_profile = config.get("profile") == json.loads(json.dumps(prof.as_dict()))
+    same_profile = store.training_profile(config.get("profile")) == store.training_profile(
+        prof.as_dict()
+    )
     if not same_profile or config.get("seed") != seed:
         raise MissingError(
             f"the saved run in {files.directory} was made with another profile or seed "
@@ -360,21 +365,23 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     from ccu import results as store
     from ccu.methods import ordered
 
-    adv = experiment.AdversarialResult.load(store.adversarial_dir(prof.name, dataset, root, seed))
+    adv = experiment.AdversarialResult.load(store.adversarial_dir(prof, dataset, root, seed))
     names = ordered(methods or adv.methods)
     commit = current_commit()
-    out = Path(out_dir) / prof.name / dataset
+    out = Path(out_dir) / prof.label / dataset
     out.mkdir(parents=True, exist_ok=True)
     devices, seconds, per_method = set(), 0.0, {}
     for name in names:
-        d = store.method_dir(prof.name, dataset, name, root, seed)
-        config = store.read_json(d / "config.json")
+        d = store.method_dir(prof, dataset, name, root, seed)
+        config = store.read_config(d / "config.json")
         stamp = store.read_json(d / "trained.json") if (d / "trained.json").exists() else {}
         device = stamp.get("device", "unknown")
         devices.add((device, stamp.get("device_name", "unknown")))
         seconds += config.get("wall_seconds", 0.0)
         per_method[name] = config.get("wall_seconds")
-        cfg = _without_machine_paths(dict(config, commit=commit, device=device))
+        cfg = dict(config, commit=commit, device=device)
+        cfg.pop(store.CONFIG_CHECKSUM, None)  # the copy adds fields: its checksum would not hold
+        cfg = _without_machine_paths(cfg)
         store.write_json(out / f"{name}.config.json", cfg)
         metrics = _without_machine_paths(store.read_json(d / "metrics.json"))
         store.write_json(out / f"{name}.metrics.json", metrics)
@@ -517,7 +524,7 @@ def _trained_methods(dataset, prof, seed, root) -> list[str]:
     from ccu import results as store
     from ccu.methods import ordered
 
-    d = store.seed_dir(prof.name, dataset, seed, root)
+    d = store.seed_dir(prof, dataset, seed, root, training=True)
     found = ordered(p.parent.name for p in d.glob("*/config.json"))
     if not found:
         raise MissingError(
@@ -533,7 +540,7 @@ def cmd_tables(args) -> int:
     for dataset in args.dataset:
         try:
             written, _ = aggregate.write_tables(
-                prof.name, dataset, _root(args), args.seed, args.out and Path(args.out) / dataset,
+                prof, dataset, _root(args), args.seed, args.out and Path(args.out) / dataset,
                 args.method,
             )  # fmt: skip
         except aggregate.NoResultsError as exc:
@@ -578,7 +585,7 @@ def cmd_run(args) -> int:
             for seed in args.seed:
                 box.stop_before(f"{dataset} seed {seed}")
                 _run_seed(args, dataset, seed, prof, device, root, order, box)
-            written, _ = aggregate.write_tables(prof.name, dataset, root, args.seed)
+            written, _ = aggregate.write_tables(prof, dataset, root, args.seed)
             md = next(p for p in written if p.suffix == ".md")
             print(md.read_text())
             _say(f"tables of {dataset} written to {md.parent}")
@@ -663,7 +670,7 @@ def _run_seed(args, dataset, seed, prof, device, root, order, box: TimeBox) -> N
     from ccu import results as store
     from ccu.deadline import StopForTime
 
-    times = RunTimes(store.seed_dir(prof.name, dataset, seed, root))
+    times = RunTimes(store.seed_dir(prof, dataset, seed, root))
     options = _train_options(args)
     try:
         data = _load_data(dataset, prof, seed)
@@ -945,8 +952,11 @@ def main(argv=None) -> int:
             _say(STOPPED_MESSAGE)
             return EXIT_STOPPED
         from ccu.data import CorruptDataError, DataNotFoundError
-        from ccu.results import CorruptResultError
+        from ccu.results import CorruptResultError, ResultConflictError
 
+        if isinstance(exc, ResultConflictError):
+            _say(f"error: {_one_line(exc)}")
+            return EXIT_USAGE
         if isinstance(exc, DataNotFoundError | MissingError):
             _say(f"error: {_one_line(exc)}")
             return EXIT_MISSING

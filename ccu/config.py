@@ -47,6 +47,30 @@ class Profile:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def base(self) -> str:
+        """The built-in profile this one was made from: the first part of its name."""
+        return self.name.split("-", 1)[0]
+
+    @property
+    def label(self) -> str:
+        """Its name as its fields give it (:func:`profile_label`): the folder of its attack
+        results, tables and reference results. The same as ``name`` for a profile from
+        :func:`get_profile`; it also holds for one made with :func:`dataclasses.replace`."""
+        return self._label(f.name for f in fields(self) if f.name != "name")
+
+    @property
+    def training_label(self) -> str:
+        """The label of its training fields alone (:data:`TRAINING_FIELDS`): the folder of its
+        trained methods, shared by profiles that differ only in attack or chapter settings
+        (``smoke-e2-steps5`` trains in ``smoke-e2``)."""
+        return self._label(TRAINING_FIELDS)
+
+    def _label(self, names) -> str:
+        if self.base not in PROFILES:  # a profile of its own: its name is all there is
+            return self.name
+        return profile_label(self.base, {n: getattr(self, n) for n in names})
+
 
 #: the smallest value of each whole-number profile field
 _MINIMUM = {
@@ -103,8 +127,9 @@ PROFILES: dict[str, Profile] = {
 def get_profile(name: str, **overrides) -> Profile:
     """The profile called ``name`` (``smoke``, ``cpu`` or ``paper``), with optional overrides.
 
-    ``paper`` with overrides that change it is renamed after them (:func:`profile_label`, e.g.
-    ``paper-e30``): a reduced run never passes for the paper's protocol."""
+    A profile with overrides that change it is renamed after them (:func:`profile_label`, e.g.
+    ``paper-e30`` or ``smoke-e2-n400``): a reduced run never passes for the paper's protocol,
+    and runs of different settings never share a results folder."""
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}.")
     unknown = set(overrides) - {f.name for f in fields(Profile)} | ({"name"} & set(overrides))
@@ -123,11 +148,42 @@ def get_profile(name: str, **overrides) -> Profile:
     return profile
 
 
-#: profiles whose name states a protocol: with overrides that change it, the name says so
-#: (``paper`` with 30 epochs is ``paper-e30``), so that its results, which live under the
-#: profile's name (``results/<name>/``, ``reference-results/<name>/``), never mix with the
-#: protocol's own
-LABELLED_PROFILES = ("paper",)
+#: profiles renamed after the overrides that change them (every built-in profile): ``paper``
+#: with 30 epochs is ``paper-e30``, ``smoke`` with 2 epochs ``smoke-e2``, so that their results,
+#: which live under the profile's name (``results/<name>/``, ``reference-results/<name>/``),
+#: never mix with the protocol's own nor with another reduced run's
+LABELLED_PROFILES = tuple(PROFILES)
+#: the fields of the adversarial-noise experiment: they change its results, not the training
+ATTACK_FIELDS = ("n_seeds", "attack_steps", "attack_restarts")
+#: the fields only the chapters' figures use (rays walked, the 2-D maps' resolution)
+CHAPTER_FIELDS = ("n_rays", "grid")
+#: the fields that change a trained method (its folder: :attr:`Profile.training_label`)
+TRAINING_FIELDS = tuple(
+    f.name for f in fields(Profile) if f.name not in ("name", *ATTACK_FIELDS, *CHAPTER_FIELDS)
+)
+#: fields that must be positive integers, with what they count
+_COUNTS = {
+    "epochs": "training epochs",
+    "n_components": "mixture components",
+    "n_seeds": "noise points to certify and attack",
+    "attack_steps": "PGD steps",
+    "attack_restarts": "restarts per noise point",
+    "ensemble": "ensemble members",
+}
+
+
+def _check_counts(profile: Profile) -> None:
+    """A ValueError naming the first field that is not a positive count (``n_seeds: 0`` would
+    train every method, then find no noise point to attack)."""
+    for name, what in {**_COUNTS, "n_train": "training points (null: all)"}.items():
+        value = getattr(profile, name)
+        if name == "n_train" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{name} ({what}) must be a positive integer, not {value!r}: fix the override."
+            )
+
 
 _SHORT = {
     "epochs": "e",
@@ -168,7 +224,7 @@ def profile_label(name: str, overrides: dict | None = None) -> str:
 
 #: checks that other modules register for profiles (``ccu.methods`` checks method names), so
 #: this module needs no import of theirs
-PROFILE_CHECKS: list[Callable[[Profile], None]] = []
+PROFILE_CHECKS: list[Callable[[Profile], None]] = [_check_counts]
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,10 @@ def run_method(
     """Train ``method`` on ``dataset`` (or load the saved run) and score the test and OOD sets.
 
     ``profile`` is a profile name or a :class:`ccu.Profile` (e.g. ``get_profile("smoke", epochs=3)``);
-    a saved run is reused only when its recorded config (profile fields included) is the same.
+    the run lives under the profile's training label (:func:`ccu.results.method_dir`) and a saved
+    run is reused only when its recorded config (the profile's training fields included) is the
+    same; a finished run of another config there raises :class:`ccu.results.ResultConflictError`
+    (it is replaced only with ``retrain=True``).
     ``precision`` (``"bf16"``: the classifier under bfloat16 autocast while training; part of
     the config), ``channels_last`` and ``compile`` are :class:`ccu.Trainer`'s speed options.
     The run holds the lock of its directory: a second process asking for the same run waits and
@@ -115,7 +118,7 @@ def run_method(
     cls = get_method(method)
     options = dict(precision=precision, channels_last=channels_last, compile=compile)
     m = cls(data.spec, settings, prof, seed=seed, device=device, **options)
-    files = store.MethodStore(store.method_dir(prof.name, dataset, method, root, seed))
+    files = store.MethodStore(store.method_dir(prof, dataset, method, root, seed))
     config = dict(
         _config(dataset, method, prof, settings, seed, data),
         network=m.network_kind(),
@@ -136,10 +139,11 @@ def run_method(
             except (RuntimeError, ValueError, KeyError) as exc:
                 raise CorruptResultError(
                     f"{files.path('model.pt')} does not fit {method} ({exc}). Delete "
-                    f"{files.directory} to retrain (or pass retrain=True)."
+                    f"{files.directory} and run the same step again to retrain."
                 ) from exc
             log(f"loaded {method} on {dataset} ({prof.name}, seed {seed}) from {files.directory}")
             return RunResult(m, saved, scores, metrics, files.directory, True)
+        files.check_no_other_run(config)  # a finished different run is never replaced
         files.start_training(config)
         start = time.perf_counter()
         if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
@@ -489,7 +493,7 @@ def adversarial_noise(
     ball_method = "CCU" if "CCU" in certifying else certifying[0]
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
     model = runs[ball_method].method.certifier()
-    directory = store.adversarial_dir(prof.name, data.name, root, seed)
+    directory = store.adversarial_dir(prof, data.name, root, seed)
     with store.locked(directory, "the adversarial-noise experiment"):
         seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
         radii = ccu.certified_radius(model, seeds, level=level).cpu()

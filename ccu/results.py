@@ -3,18 +3,25 @@ are written so that concurrent and killed runs never corrupt them.
 
 Layout (under :data:`RESULTS_ROOT`, ignored by git; ``CCU_RESULTS`` moves it)::
 
-    <profile>/<dataset>/seed<k>/<method>/config.json          resolved config (+ sha256 of files)
+    <training label>/<dataset>/seed<k>/<method>/config.json    resolved config (+ sha256 of files
+                                                                and of itself)
                                          config.pending.json  the config being trained
                                          checkpoint.pt        per-epoch training state (resume)
                                          model.pt             final weights (weights_only=True)
                                          scores.npz           per-sample scores, test and OOD sets
                                          metrics.json         test error, confidences, OOD metrics
-    <profile>/<dataset>/seed<k>/adversarial/attack.<method>.json|npz   one method's attack
-                                            table1.json, adversarial.npz  the experiment's result
-    <profile>/<dataset>/tables/             mean +- sd over the seeds (:mod:`ccu.aggregate`)
+    <label>/<dataset>/seed<k>/adversarial/attack.<method>.json|npz   one method's attack
+                                          table1.json, adversarial.npz  the experiment's result
+    <label>/<dataset>/tables/             mean +- sd over the seeds (:mod:`ccu.aggregate`)
 
-Runs of different seeds lie side by side (``seed<k>``, :func:`seed_dir`), so several seeds per
-(dataset, method) can be aggregated.
+``<label>`` is the profile's name with every override that changes it (``smoke``,
+``smoke-e2-n400-steps5``, ``paper-e30``: :attr:`ccu.config.Profile.label`); the trained methods
+live under the label of the training fields alone (``smoke-e2-n400``:
+:attr:`ccu.config.Profile.training_label`), so runs that differ only in the attack reuse the
+trained models and keep their attack results apart. Without overrides both are the profile's
+name. The path functions take a :class:`ccu.Profile` or a folder name. Runs of different seeds
+lie side by side (``seed<k>``, :func:`seed_dir`), so several seeds per (dataset, method) can be
+aggregated.
 
 Rules:
 
@@ -23,10 +30,14 @@ Rules:
 * **One process per run**: :func:`locked` takes a file lock (``filelock``) on the run's
   directory; a second process running the same configuration waits, then finds the results and
   loads them.
-* **config.json is written last** and lists the sha256 of every file it vouches for; a run is
-  complete only when it exists and every file matches. A file that cannot be read or does not
-  match raises :class:`CorruptResultError` naming it and how to recover: results are never
-  silently retrained over.
+* **config.json is written last** and lists the sha256 of every file it vouches for and of its
+  own content (``config_sha256``); a run is complete only when it exists and every file
+  matches. A file that cannot be read or does not match raises :class:`CorruptResultError`
+  naming it and how to recover: results are never silently retrained over. (A config.json
+  without ``config_sha256``, from before it existed, still loads.)
+* **A finished run is never replaced by another one**: a run whose folder holds a finished run
+  of a different configuration (another library version, precision, data) raises
+  :class:`ResultConflictError` naming what differs, unless asked to retrain.
 
 Orchestration (train, score, certify, attack) lives in :mod:`ccu.experiment`.
 """
@@ -46,6 +57,7 @@ import numpy as np
 import torch
 from filelock import FileLock, Timeout
 
+from ccu.config import TRAINING_FIELDS
 from ccu.data.sources import sha256
 
 RESULTS_ROOT = Path(os.environ.get("CCU_RESULTS", Path(__file__).resolve().parents[1] / "results"))
@@ -78,42 +90,57 @@ RESULT_COMPATIBLE_VERSIONS = {
 }
 #: the value a key has in configs written before it existed
 CONFIG_DEFAULTS = {"precision": "float32"}
+#: the field of config.json that holds the sha256 of the rest of it
+CONFIG_CHECKSUM = "config_sha256"
 
 
 class CorruptResultError(ValueError):
     """A result file cannot be read or does not match the config that vouches for it."""
 
 
+class ResultConflictError(ValueError):
+    """The folder of a run holds a finished run of a different configuration."""
+
+
 def root_dir(root=None) -> Path:
     return Path(root or RESULTS_ROOT)
 
 
-def seed_dir(profile: str, dataset: str, seed: int = 0, root=None) -> Path:
-    """``<root>/<profile>/<dataset>/seed<seed>``: every run of one seed."""
+def folder_name(profile, training: bool = False) -> str:
+    """The folder of ``profile`` (a :class:`ccu.Profile`: its ``label``, or with ``training`` its
+    ``training_label``; a string is the folder name itself)."""
+    if isinstance(profile, str):
+        return profile
+    return profile.training_label if training else profile.label
+
+
+def seed_dir(profile, dataset: str, seed: int = 0, root=None, training: bool = False) -> Path:
+    """``<root>/<label>/<dataset>/seed<seed>``: every run of one seed (``training``: the folder
+    of the trained methods, see :func:`folder_name`)."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, not {seed!r}.")
-    return root_dir(root) / profile / dataset / f"seed{int(seed)}"
+    return root_dir(root) / folder_name(profile, training) / dataset / f"seed{int(seed)}"
 
 
-def method_dir(profile: str, dataset: str, method: str, root=None, seed: int = 0) -> Path:
-    """``<root>/<profile>/<dataset>/seed<seed>/<method>``: one trained method's files."""
-    return seed_dir(profile, dataset, seed, root) / method
+def method_dir(profile, dataset: str, method: str, root=None, seed: int = 0) -> Path:
+    """``<root>/<training label>/<dataset>/seed<seed>/<method>``: one trained method's files."""
+    return seed_dir(profile, dataset, seed, root, training=True) / method
 
 
-def adversarial_dir(profile: str, dataset: str, root=None, seed: int = 0) -> Path:
-    """``<root>/<profile>/<dataset>/seed<seed>/adversarial``: the adversarial-noise files."""
+def adversarial_dir(profile, dataset: str, root=None, seed: int = 0) -> Path:
+    """``<root>/<label>/<dataset>/seed<seed>/adversarial``: the adversarial-noise files."""
     return seed_dir(profile, dataset, seed, root) / "adversarial"
 
 
-def tables_dir(profile: str, dataset: str, root=None) -> Path:
-    """``<root>/<profile>/<dataset>/tables``: the tables aggregated over seeds."""
-    return root_dir(root) / profile / dataset / "tables"
+def tables_dir(profile, dataset: str, root=None) -> Path:
+    """``<root>/<label>/<dataset>/tables``: the tables aggregated over seeds."""
+    return root_dir(root) / folder_name(profile) / dataset / "tables"
 
 
 def _corrupt(path: Path, exc: Exception | str) -> CorruptResultError:
     return CorruptResultError(
-        f"result file {path} is corrupt or incomplete ({exc}). Delete {path.parent} to recompute "
-        "it (or pass retrain=True); nothing was overwritten."
+        f"result file {path} is corrupt or incomplete ({exc}). Delete {path.parent} and run the "
+        "same step again to recompute it; nothing was overwritten."
     )
 
 
@@ -150,6 +177,33 @@ def read_json(path: Path) -> dict:
         raise _corrupt(path, exc) from exc
 
 
+def _config_digest(config: dict) -> str:
+    """The sha256 of ``config`` without its checksum field, as JSON with sorted keys (after a
+    round trip through JSON, so that the digest of a config written equals that of it read)."""
+    rest = {k: v for k, v in config.items() if k != CONFIG_CHECKSUM}
+    plain = json.loads(json.dumps(rest, default=_json_default))
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
+
+
+def write_config(path: Path, config: dict) -> dict:
+    """Write ``config`` with the sha256 of its content (:data:`CONFIG_CHECKSUM`); returns it."""
+    config = dict(config, **{CONFIG_CHECKSUM: _config_digest(config)})
+    write_json(path, config)
+    return config
+
+
+def read_config(path: Path) -> dict:
+    """A config.json, checked against its own sha256 (one without it, older, is taken as is); a
+    config.json edited or damaged since it was written raises :class:`CorruptResultError`."""
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise _corrupt(Path(path), "not a JSON object")
+    saved = config.get(CONFIG_CHECKSUM)
+    if saved is not None and saved != _config_digest(config):
+        raise _corrupt(Path(path), "its content differs from its own checksum: it was edited")
+    return config
+
+
 def write_npz(path: Path, **arrays) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -179,15 +233,49 @@ def read_torch(path: Path, map_location=None):
         raise _corrupt(path, exc) from exc
 
 
-def config_key(config: dict) -> str:
-    """A stable digest of the fields of ``config`` that decide whether a saved run fits."""
+def training_profile(profile: dict | None) -> dict:
+    """The training fields of a config's ``profile`` (:data:`ccu.config.TRAINING_FIELDS`): the
+    name and the attack and chapter settings do not change a trained method."""
+    profile = profile or {}
+    out = {k: profile.get(k) for k in TRAINING_FIELDS}
+    if isinstance(out.get("vgg_methods"), list):  # a tuple, written as JSON
+        out["vgg_methods"] = tuple(out["vgg_methods"])
+    return out
+
+
+def _key_fields(config: dict) -> dict:
     fields = {k: config.get(k, CONFIG_DEFAULTS.get(k)) for k in CONFIG_KEYS}
-    text = json.dumps(fields, sort_keys=True, default=str)
+    fields["profile"] = training_profile(fields["profile"])
+    return fields
+
+
+def config_key(config: dict) -> str:
+    """A stable digest of the fields of ``config`` that decide whether a saved run fits (of its
+    profile, the training fields only)."""
+    text = json.dumps(_key_fields(config), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def same_config(a: dict, b: dict) -> bool:
     return config_key(a) == config_key(b)
+
+
+def config_differences(saved: dict, wanted: dict) -> list[str]:
+    """What differs between two configs' keys, e.g. ``["precision: bf16 here, float32 asked"]``."""
+    # as JSON holds them (a tuple asked is the list saved)
+    a, b = (json.loads(json.dumps(_key_fields(c), default=str)) for c in (saved, wanted))
+    out = []
+    for k in CONFIG_KEYS:
+        if a[k] == b[k]:
+            continue
+        if isinstance(a[k], dict) and isinstance(b[k], dict):
+            keys = [f for f in sorted(set(a[k]) | set(b[k])) if a[k].get(f) != b[k].get(f)]
+            out += [f"{k}.{f}: {a[k].get(f)!r} here, {b[k].get(f)!r} asked" for f in keys]
+        elif isinstance(a[k], str) and len(a[k]) == 64:  # a checksum
+            out.append(f"{k} differs")
+        else:
+            out.append(f"{k}: {a[k]!r} here, {b[k]!r} asked")
+    return out
 
 
 @contextlib.contextmanager
@@ -225,10 +313,11 @@ class MethodStore:
         return self.directory / name
 
     def saved_config(self) -> dict | None:
-        """The config of the complete run on disk, or None when there is none."""
+        """The config of the complete run on disk (checked against its own sha256), or None
+        when there is none."""
         if not self.config_path.exists():
             return None
-        config = read_json(self.config_path)
+        config = read_config(self.config_path)
         for name in self.FINAL:
             if not self.path(name).exists():
                 raise _corrupt(self.path(name), "missing, though config.json lists it")
@@ -245,6 +334,19 @@ class MethodStore:
         self.verify(config)
         state = read_torch(self.path("model.pt"), map_location)
         return state, read_npz(self.path("scores.npz")), read_json(self.path("metrics.json"))
+
+    def check_no_other_run(self, config: dict) -> None:
+        """:class:`ResultConflictError` when this folder holds a finished run of a configuration
+        other than ``config``: it is never replaced without being asked to."""
+        saved = self.saved_config()
+        if saved is None or same_config(saved, config):
+            return
+        what = "; ".join(config_differences(saved, config)) or "its config key"
+        raise ResultConflictError(
+            f"{self.directory} holds a finished run of another configuration ({what}); it is "
+            "kept. Move or delete that folder to train this run there, or give another results "
+            "folder (--results)."
+        )
 
     def clear(self) -> None:
         """Remove the run's files (retrain): config first, so no partial set ever looks complete."""
@@ -273,6 +375,6 @@ class MethodStore:
         write_npz(self.path("scores.npz"), **scores)
         write_json(self.path("metrics.json"), metrics)
         config = dict(config, files={n: sha256(self.path(n)) for n in self.FINAL})
-        write_json(self.config_path, config)
+        config = write_config(self.config_path, config)
         self.pending_path.unlink(missing_ok=True)
         return config

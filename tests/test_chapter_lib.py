@@ -23,7 +23,7 @@ def test_setup_chapter_validates_and_loads():
     data, prof, settings, methods = chapter.setup_chapter(
         "moons", "smoke", 0, "cpu", {"n_train": 100}, ["CCU", "Base"], verbose=False
     )
-    assert len(data.train_x) == 100 and prof.n_train == 100 and prof.name == "smoke"
+    assert len(data.train_x) == 100 and prof.n_train == 100 and prof.name == "smoke-n100"
     assert methods == ["Base", "CCU"]  # the paper's order
     assert settings == ccu.train_settings("moons")
     with pytest.raises(ValueError, match="unknown profile"):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ccu.config import get_profile
+
 papermill = pytest.importorskip("papermill")
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
@@ -141,15 +143,10 @@ def test_ood_chapter_on_real_mnist(tmp_path, monkeypatch):
     )
     glued = _glued(nb)
     assert float(glued["ood_ccu_uniform"]) > 90.0
-    cfg = json.loads(
-        (
-            tmp_path / "results" / "smoke" / "mnist-offline" / "seed0" / "CCU" / "config.json"
-        ).read_text()
-    )
+    run = tmp_path / "results" / "smoke-e4-n600" / "mnist-offline" / "seed0" / "CCU"
+    cfg = json.loads((run / "config.json").read_text())
     assert cfg["profile"]["epochs"] == 4 and cfg["dataset"] == "mnist-offline"
-    assert (
-        tmp_path / "results" / "smoke" / "mnist-offline" / "seed0" / "CCU" / "metrics.json"
-    ).exists()
+    assert (run / "metrics.json").exists()
 
 
 @pytest.mark.notebooks
@@ -178,7 +175,13 @@ def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
     assert float(glued["adv_sr_CCU"]) == 0.0
     table = json.loads(
         (
-            tmp_path / "results" / "smoke" / "digits" / "seed0" / "adversarial" / "table1.json"
+            tmp_path
+            / "results"
+            / get_profile("smoke", **overrides).label  # smoke-e5-n500-acet_steps3-ensemble2
+            / "digits"
+            / "seed0"
+            / "adversarial"
+            / "table1.json"
         ).read_text()
     )
     assert set(table["methods"]) == set(methods)

@@ -17,6 +17,7 @@ from ccu import results as store
 from ccu.deadline import Deadline, StopForTime
 
 TINY = {"epochs": 2, "n_train": 400, "n_seeds": 8, "attack_steps": 5, "attack_restarts": 1}
+PROF = config.get_profile("smoke", **TINY)  # smoke-e2-n400-seeds8-steps5-restarts1
 
 
 class FakeClock:
@@ -111,15 +112,17 @@ def test_a_stop_inside_training_is_caught_and_its_time_kept(tmp_path, monkeypatc
     assert _run(tmp_path / "r", tmp_path / "ref", "--stop-after", "500") == cli.EXIT_STOPPED
     err = capsys.readouterr().err
     assert "stopped for time (after 3 of 100" in err and cli.STOPPED_MESSAGE in err
-    times = json.loads((store.seed_dir("smoke", "digits", 0, tmp_path / "r") / "run_times.json")
+    times = json.loads((store.seed_dir(PROF, "digits", 0, tmp_path / "r") / "run_times.json")
                        .read_text())  # fmt: skip
     assert set(times["pending"]) == {"CCU"} and times["calls"][0]["stopped"].startswith("after 3")
 
 
 def _snapshot(res, ref) -> dict:
     """Every result file of the run, without what depends on the clock or the calls."""
+    # config.json's checksum covers its timings
     clock_keys = {"train_seconds", "wall_seconds", "attack_seconds", "seconds", "loaded",
-                  "wall_seconds_total", "wall_seconds_per_method", "calls"}  # fmt: skip
+                  "wall_seconds_total", "wall_seconds_per_method", "calls",
+                  "config_sha256"}  # fmt: skip
 
     def clean(o):
         if isinstance(o, dict):
@@ -167,10 +170,13 @@ def test_a_run_stopped_between_methods_resumes_to_the_same_files(tmp_path, monke
     assert _calls_until_done(res, ref) == [75, 75, 0]
     snap = _snapshot(res, ref)
     assert snap == _snapshot(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
-    assert {"res/smoke/digits/seed0/CCU/model.pt", "ref/smoke/digits/table1.json"} <= set(snap)
-    t1 = json.loads((ref / "smoke" / "digits" / "table1.json").read_text())
+    trained, label = PROF.training_label, PROF.label
+    assert {f"res/{trained}/digits/seed0/CCU/model.pt", f"ref/{label}/digits/table1.json"} <= set(
+        snap
+    )
+    t1 = json.loads((ref / label / "digits" / "table1.json").read_text())
     assert t1["calls"] == 3 and set(t1["wall_seconds_per_method"]) == {"Base", "CCU"}
-    times = json.loads((store.seed_dir("smoke", "digits", 0, res) / "run_times.json").read_text())
+    times = json.loads((store.seed_dir(PROF, "digits", 0, res) / "run_times.json").read_text())
     assert times["calls"] == [] and times["pending"] == {}  # finished: the next run starts afresh
 
 
@@ -208,7 +214,8 @@ def test_a_reduced_paper_profile_is_named_after_its_changes(capsys):
     assert config.get_profile("paper", epochs=30).name == "paper-e30"
     p = config.get_profile("paper", n_seeds=50, epochs=30, n_train=None, vgg_methods=["MCD"])
     assert p.name == "paper-e30-seeds50-vgg_methodsMCD" and p.epochs == 30
-    assert config.get_profile("smoke", epochs=3).name == "smoke"  # reduced profiles keep theirs
+    assert config.get_profile("smoke", epochs=3).name == "smoke-e3"  # so is every profile
+    assert config.get_profile("smoke", epochs=30).name == "smoke"  # no change: smoke's own
     # the name cannot be set: a reduced run never calls itself "paper"
     argv = ["train", "--dataset", "digits", "--method", "Base", "--profile", "paper"]
     assert cli.main([*argv, "--overrides", '{"name": "paper", "epochs": 3}']) == cli.EXIT_USAGE
@@ -223,7 +230,10 @@ def test_a_reduced_paper_run_never_writes_where_paper_runs_do(tmp_path):
     argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--profile", "paper"]
     argv += ["--overrides", json.dumps(small), "--results", str(res), "--reference-out", str(ref)]
     assert cli.main([*argv, "--device", "cpu", "--no-progress"]) == cli.EXIT_OK
-    assert [p.name for p in ref.iterdir()] == [label] and [p.name for p in res.iterdir()] == [label]
+    trained = config.get_profile("paper", **small).training_label  # the attack fields aside
+    assert trained.startswith("paper-e1-") and "seeds" not in trained and "steps" not in trained
+    assert [p.name for p in ref.iterdir()] == [label]
+    assert sorted(p.name for p in res.iterdir()) == sorted([label, trained])
     t1 = json.loads((ref / label / "digits" / "table1.json").read_text())
     cfg = json.loads((ref / label / "digits" / "CCU.config.json").read_text())
     assert cfg["profile"]["name"] == label and cfg["profile"]["epochs"] == 1 and "commit" in t1
@@ -252,8 +262,9 @@ def test_device_run_smoke_resume_repeats_until_done_and_sends_small_files(tmp_pa
     assert tgz.stat().st_size < 16 << 20 and (tmp_path / "out" / "smoke-resume.log").is_file()
     with tarfile.open(tgz) as tf:
         names = set(tf.getnames())
-    assert "reference-results/smoke/digits/table1.json" in names
-    assert "progress/smoke/digits/seed0/CCU/metrics.json" in names
+    assert f"reference-results/{PROF.label}/digits/table1.json" in names  # its overrides: TINY
+    assert f"progress/{PROF.training_label}/digits/seed0/CCU/metrics.json" in names
+    assert f"progress/{PROF.label}/digits/seed0/adversarial/table1.json" in names
     assert not any(n.endswith((".pt", ".npz")) and n.startswith("progress/") for n in names)
     bad = subprocess.run(["bash", "tools/device_run.sh", "nope"], cwd=cli.REPO, env=env,
                          capture_output=True, text=True)  # fmt: skip

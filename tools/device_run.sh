@@ -113,11 +113,14 @@ if [ "$kind" = reference ]; then
   exit "$rc"
 fi
 
-# the profile's name: paper, or paper-e30 &c. when overrides change it
-label=$(python3 -c 'import json, sys
+# the profile's name: paper, or paper-e30 &c. when overrides change it; the trained methods lie
+# under the name of its training fields alone (train_label: the same unless the attack changes)
+labels=$(python3 -c 'import json, sys
 from ccu.config import get_profile
-print(get_profile(sys.argv[1], **json.loads(sys.argv[2] or "{}")).name)' "$profile" "$overrides") ||
+p = get_profile(sys.argv[1], **json.loads(sys.argv[2] or "{}"))
+print(p.label, p.training_label)' "$profile" "$overrides") ||
   { say "bad OVERRIDES: $overrides"; exit 2; }
+read -r label train_label <<<"$labels"
 args=(run --dataset "$ds" --profile "$profile" --seed 0 --device "${DEVICE:-auto}"
       --threads "$THREADS" --no-progress --stop-after "$STOP_AFTER" --reference-out "$REFERENCE_OUT")
 [ -n "$overrides" ] && args+=(--overrides "$overrides")
@@ -136,12 +139,13 @@ if [ "$rc" = 0 ] && [ -d "$ref" ]; then
   items+=(-C "$(dirname "$REFERENCE_OUT")" "$(basename "$REFERENCE_OUT")/$label/$ds")
 fi
 work=$(mktemp -d)
-if [ -d "$CCU_RESULTS/$label/$ds" ]; then
-  (cd "$CCU_RESULTS" && find "$label/$ds" -type f \( -name '*.json' -o -path '*/tables/*' \) \
+for name in $(printf '%s\n' "$label" "$train_label" | sort -u); do
+  [ -d "$CCU_RESULTS/$name/$ds" ] || continue
+  (cd "$CCU_RESULTS" && find "$name/$ds" -type f \( -name '*.json' -o -path '*/tables/*' \) \
     ! -name 'config.pending.json' -size -2M) | while read -r f; do
     mkdir -p "$work/progress/$(dirname "$f")" && cp "$CCU_RESULTS/$f" "$work/progress/$f"
   done
-fi
+done
 mkdir -p "$work/progress"
 tar czf "$OUT/$stage.tgz" -C "$work" progress "${items[@]}"
 if [ "$(stat -c %s "$OUT/$stage.tgz")" -gt "$TGZ_LIMIT" ]; then
