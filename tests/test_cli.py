@@ -205,7 +205,7 @@ def test_a_corrupt_result_says_what_a_command_line_user_can_do(tmp_path, capsys)
     argv = ["evaluate", "--dataset", "digits", "--method", "Base", "--results", str(tmp_path)]
     assert cli.main(argv) == cli.EXIT_CORRUPT
     err = _one_error_line(capsys)
-    assert f"Delete {run} to recompute it" in err and "retrain=True" not in err
+    assert f"Delete {run} and run the same step again" in err and "retrain=True" not in err
 
 
 def test_steps_without_their_inputs_say_what_to_run(tmp_path, capsys):
@@ -407,7 +407,7 @@ def test_an_attack_without_noise_points_is_a_usage_error_before_any_training(tmp
     argv[argv.index("Base") + 1 : argv.index("Base") + 1] = ["CCU"]
     assert cli.main(argv) == cli.EXIT_USAGE
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "n_seeds" in err and "positive integer" in err
+    assert err.count("\n") == 1 and "n_seeds" in err and "whole number >= 1" in err
     assert not tmp_path.exists() or not any(tmp_path.iterdir()), "nothing may be trained"
 
 

@@ -233,6 +233,7 @@ def test_compile_trains_like_eager_and_is_undone():
 
 def test_run_method_records_the_precision_and_does_not_mix_them(tmp_path):
     from ccu.experiment import run_method
+    from ccu.results import ResultConflictError
 
     prof = ccu.get_profile("smoke", epochs=1, n_train=200)
     bf16 = run_method("digits", "Base", prof, root=tmp_path, precision="bf16")
@@ -244,8 +245,12 @@ def test_run_method_records_the_precision_and_does_not_mix_them(tmp_path):
     }
     again = run_method("digits", "Base", prof, root=tmp_path, precision="bf16")
     assert again.loaded
-    fp32 = run_method("digits", "Base", prof, root=tmp_path)  # a bf16 run is not reused
+    # a bf16 run is neither reused for float32 nor replaced by it: refused, the bf16 run kept
+    with pytest.raises(ResultConflictError, match="precision: 'bf16' here, 'float32' asked"):
+        run_method("digits", "Base", prof, root=tmp_path)
+    fp32 = run_method("digits", "Base", prof, root=tmp_path / "fp32")
     assert not fp32.loaded and fp32.config["precision"] == "float32"
+    assert run_method("digits", "Base", prof, root=tmp_path, precision="bf16").loaded
     from ccu.methods import get_method
 
     spec, settings = load_dataset("digits").spec, ccu.train_settings("digits")

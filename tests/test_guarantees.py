@@ -64,12 +64,15 @@ def test_evaluate_guarantees_writes_and_reference_copies(tmp_path, capsys):
     common += ["--device", "cpu", "--no-progress"]
     argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--reference-out", str(ref)]
     assert cli.main([*argv, *common]) == cli.EXIT_OK
-    d = store.method_dir("smoke", "digits", "CCU", res, 0)
+    from ccu.config import get_profile
+
+    prof = get_profile("smoke", **TINY)  # the runs live under the overridden profile's names
+    d = store.method_dir(prof, "digits", "CCU", res, 0)
     g = json.loads((d / "guarantees.json").read_text())
     assert g["method"] == "CCU" and g["dataset"] == "digits" and g["field_eps_inf"] == 0.3
     assert set(g["sets"]) >= {"test", "uniform"}
-    assert not (store.method_dir("smoke", "digits", "Base", res, 0) / "guarantees.json").exists()
-    copied = json.loads((ref / "smoke" / "digits" / "CCU.guarantees.json").read_text())
+    assert not (store.method_dir(prof, "digits", "Base", res, 0) / "guarantees.json").exists()
+    copied = json.loads((ref / prof.label / "digits" / "CCU.guarantees.json").read_text())
     assert copied == g
     capsys.readouterr()
     step = ["--dataset", "digits", "--seed", "0", *common]
