@@ -218,6 +218,12 @@ def _points(w0, radius, n_dir, generator):
     )
 
 
+#: the fixed grid :func:`check_density` adds to the property-based search: this many centres
+#: (the first of ``centres``, or seeded random ones) times this many log-spaced radii
+GRID_CENTRES = 8
+GRID_RADII = 5
+
+
 def check_density(
     density: DensityModel,
     centres=None,
@@ -355,6 +361,14 @@ def check_density(
         one_ball(seed_, log_r, pick)
 
     run()
+    # A fixed grid as well (the first centres, log-spaced radii): what the check finds must not
+    # hinge on which balls the property-based search happens to draw.
+    lo_r, hi_r = math.log10(radii[0]), math.log10(radii[1])
+    grid_r = [lo_r + (hi_r - lo_r) * i / (GRID_RADII - 1) for i in range(GRID_RADII)]
+    n_centres = GRID_CENTRES if pool is None else min(GRID_CENTRES, len(pool))
+    for pick in range(n_centres):
+        for log_r in grid_r:
+            one_ball(seed + pick, log_r, pick)
     if gaps:
         report.median_gap = float(torch.cat(gaps).median())
     if report.failures and raise_on_failure:

@@ -269,3 +269,48 @@ def test_device_run_smoke_resume_repeats_until_done_and_sends_small_files(tmp_pa
     bad = subprocess.run(["bash", "tools/device_run.sh", "nope"], cwd=cli.REPO, env=env,
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "mnist-paper" in bad.stderr
+
+
+def test_a_fresh_machine_resumes_from_the_state_an_earlier_lease_sent_back(tmp_path):
+    """One call on machine A (CCU's first epoch), its state absorbed here; then a fresh machine
+    B with the carried state: it resumes (no epoch trained twice), so it needs one call fewer
+    than a bare machine's five."""
+    import sys
+
+    sys.path.insert(0, str(cli.REPO / "tools"))
+    import device_state
+
+    devstate = tmp_path / "devstate"
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
+    def call(machine: str, k: int):
+        out = tmp_path / f"out-{machine}{k}"
+        env = dict(os.environ, PATH=path, OUT=str(out), CCU_RESULTS=str(tmp_path / machine),
+                   CCU_DEVSTATE=str(tmp_path / f"gather-{machine}"), DEVSTATE=str(devstate),
+                   REFERENCE_OUT=str(tmp_path / "ref"), STOP_AFTER="0.001", DEVICE="cpu",
+                   THREADS="1", CCU_DATA_ROOT=str(tmp_path / "data"))  # fmt: skip
+        run = subprocess.run(
+            ["bash", "tools/device_run.sh", "smoke-resume"],
+            cwd=cli.REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        device_state.absorb(out, "smoke-resume", devstate, batch_mib=28.0, log=lambda m: None)
+        return run
+
+    first = call("A", 1)
+    assert first.returncode == 75, first.stdout + first.stderr
+    ledger = json.loads((devstate / "smoke-resume" / "ledger.json").read_text())
+    sent = ledger["archives"][0]["files"]
+    assert any("checkpoint" in f for f in sent), sorted(sent)  # CCU's epoch checkpoint came back
+    assert not ledger["pending"]
+    codes, logs = [], []
+    while not codes or codes[-1] == 75:
+        run = call("B", len(codes) + 1)
+        codes.append(run.returncode)
+        logs.append(run.stdout)
+        assert len(codes) <= 6, run.stdout + run.stderr
+    assert codes == [75, 75, 75, 0], "\n".join(logs)
+    assert "device_state: unpacked 1 archives" in logs[0]
+    assert "already unpacked" in logs[1]  # a warm machine never unpacks over newer files
+    # what the next calls carry: the ledger and the state batches, within the limit
+    (carry,) = device_state.plan("smoke-resume", None, devstate, tmp_path, 62.0, 4.0, log=print)
+    assert carry[-1].endswith("smoke-resume/ledger.json") and "batch-1" in carry[0]

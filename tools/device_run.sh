@@ -36,8 +36,15 @@
 #      and only gathers it (exit 3, "carry [...part-2]"); the next call, at once, carries part-2
 #      and starts the run. The parts gather in $CCU_DEVDATA/<dataset> (/tmp/ccu-devdata).
 #   3. exit 75 "stopped for time": make the same call again at once (no carry needed while the
-#      machine is warm; a cold machine says which parts to carry again, and starts over).
-#      Repeat until it prints "done" (exit 0).
+#      machine is warm). Repeat until it prints "done" (exit 0).
+#   After EVERY call, here: python tools/device_state.py absorb <files_at> --stage mnist-paper
+#      Each call sends back, besides the log and <stage>.tgz, the state it made that earlier
+#      calls have not sent (trained models, epoch checkpoints; <stage>.state-*.part, at most
+#      44 MiB a call, small and finished things first) and <stage>.ledger.json; absorb keeps
+#      them in .devstate/<stage>/ (ignored). A later lease on a fresh machine resumes from them
+#      instead of starting over: `python tools/device_state.py plan --stage mnist-paper
+#      --dataset mnist` prints the calls and their carry lists (data parts, the ledger, state
+#      batches, each call within 64 MiB); the run starts once all have come (exit 3 before).
 #   4. here: tar xzf <files_at>/mnist-paper.tgz, then commit reference-results/paper/mnist/
 #      (table1.json, per-method config and metrics, radii.csv, figure2.npz, data_manifest.json:
 #      commit, device, torch version, data sha256, wall time per method).
@@ -49,10 +56,11 @@
 #
 # Environment: STOP_AFTER, HARD_LIMIT, METHODS (space-separated), EPOCHS or OVERRIDES (JSON),
 # DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results), CCU_RESULTS, CCU_DEVDATA,
-# CCU_OFFLINE_DATA (when set: used as is, nothing gathered),
+# CCU_OFFLINE_DATA (when set: used as is, nothing gathered), DEVSTATE (.devstate: the carried
+# state), CCU_DEVSTATE (/tmp/ccu-devstate: where its batches gather),
 # CCU_COMMIT=<sha> when the copied tree's .git is not current (the results record the commit).
-# Exit codes: 0 done; 75 stopped for time, run the same stage again; 3 data missing (carry the
-# parts named); 2 bad usage; anything else: the run failed (see the log).
+# Exit codes: 0 done; 75 stopped for time, run the same stage again; 3 data or state missing
+# (carry the parts named); 2 bad usage; anything else: the run failed (see the log).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg CCU_PROGRESS=0
 export CCU_RESULTS=${CCU_RESULTS:-/tmp/ccu-results} CCU_DATA_ROOT=${CCU_DATA_ROOT:-/tmp/ccu-dataroot}
@@ -113,6 +121,16 @@ if [ "$kind" = reference ]; then
   exit "$rc"
 fi
 
+# a fresh machine resumes from the state earlier leases sent back (tools/device_state.py):
+# carried as .devstate/<stage>/ledger.json and its batch-<k> folders
+DEVSTATE=${DEVSTATE:-.devstate}
+if [ -f "$DEVSTATE/$stage/ledger.json" ]; then
+  python3 tools/device_state.py restore --stage "$stage" --carried "$DEVSTATE/$stage" \
+    --results "$CCU_RESULTS" --gather "${CCU_DEVSTATE:-/tmp/ccu-devstate}/$stage" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || { say "no run: the carried state is not complete (see above)"; exit "$rc"; }
+fi
+
 # the profile's name: paper, or paper-e30 &c. when overrides change it; the trained methods lie
 # under the name of its training fields alone (train_label: the same unless the attack changes)
 labels=$(python3 -c 'import json, sys
@@ -153,6 +171,11 @@ if [ "$(stat -c %s "$OUT/$stage.tgz")" -gt "$TGZ_LIMIT" ]; then
   tar czf "$OUT/$stage.tgz" -C "$work" --exclude='progress/*' progress "${items[@]}"
 fi
 rm -rf "$work"
+# the state (models, checkpoints) not yet sent: parts of one archive, small and finished first
+ledger=()
+[ -f "$DEVSTATE/$stage/ledger.json" ] && ledger=(--ledger "$DEVSTATE/$stage/ledger.json")
+python3 tools/device_state.py send --results "$CCU_RESULTS" --stage "$stage" --out "$OUT" \
+  --names "$label/$ds" "$train_label/$ds" "${ledger[@]}" 2>&1 | tee -a "$log"
 case $rc in
   0) say "$stage done: $ref in $OUT/$stage.tgz" ;;
   75) say "$stage stopped for time; run the same stage again to continue (resumes while this" \

@@ -1,0 +1,327 @@
+"""Carry a time-boxed run's state across GPU leases: nothing a lease computed is lost.
+
+A lent GPU machine keeps its files only while it is warm; a lease ends after 30 minutes or 30 s
+idle, and the next one (maybe days later) starts bare. A call brings back at most 8 files of
+16 MiB (64 MiB together) and carries at most 64 MiB, the project and the data included. So the
+run's results folder travels in pieces, and a ledger says which pieces exist:
+
+* ``send`` (on the device, at the end of every call of ``tools/device_run.sh``): every file of
+  the stage's results folders (trained models, epoch checkpoints, scores, JSON) that has not been
+  sent yet in this lease or an earlier one (the carried ledger says which) is packed, small and
+  finished things first, into one ``tar.gz`` split into parts of at most ``--part-mib`` (15 MiB)
+  in ``$OUT``, as many as ``--limit-mib`` allows; the rest waits for the next call. It writes
+  ``$OUT/<stage>.ledger.json``: the archive, its parts, every file sent (path, bytes, sha256)
+  and what is still pending on the device.
+* ``absorb`` (here, after every call): moves the parts into ``.devstate/<stage>/`` (git-ignored),
+  in batches small enough to be carried next to the data (``--batch-mib``), and merges the
+  ledger into ``.devstate/<stage>/ledger.json``.
+* ``restore`` (on the device, at the start of every call): if the results folder is bare (a fresh
+  machine) and a ledger was carried, it gathers the carried batches and, once all are there,
+  unpacks the archives in order into the results folder: the run resumes from the last saved
+  epoch of every unfinished method, and finished methods are not trained again. Missing batches:
+  exit 3 with the ``carry`` entries of the next call.
+* ``plan`` (here): what to carry in the next calls (data parts, ledger, state batches) and what
+  to run, each call within the carry limit.
+
+Standard library only: it runs on the device before anything is installed, and here without
+torch. Exit codes: 0 done; 2 bad usage; 3 ``restore``: batches missing (the message names
+them); 4 a part's sha256 is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+MIB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+LEDGER = "ledger.json"
+RESTORED = ".restored.json"  # in the results folder: the archives already unpacked there
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(MIB), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read(path: Path, default):
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return default
+    except (OSError, ValueError) as exc:
+        code = _error(4, f"{path} is unreadable ({exc}); delete it and absorb again")
+        raise SystemExit(code) from None
+
+
+def _write(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _error(code: int, message: str) -> int:
+    print(f"device_state: error: {message}", file=sys.stderr)
+    return code
+
+
+def empty_ledger(stage: str) -> dict:
+    return {"stage": stage, "archives": [], "files": {}, "pending": {}}
+
+
+def _priority(rel: str, size: int) -> tuple:
+    """Small and finished things first: JSON/CSV, then finished methods' files (a config.json
+    beside them), then the rest (epoch checkpoints of unfinished methods), smaller first."""
+    small = rel.endswith((".json", ".csv", ".txt"))
+    return (not small, "checkpoint" in rel, size, rel)
+
+
+def collect(results: Path, names: list[str]) -> dict[str, dict]:
+    """Every file under ``results/<name>`` (lock files and temporaries left out)."""
+    files = {}
+    for name in names:
+        root = results / name
+        if not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*")):
+            if not path.is_file() or path.name.endswith((".lock", ".tmp")):
+                continue
+            rel = path.relative_to(results).as_posix()
+            files[rel] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    return files
+
+
+def send(results: Path, names, stage: str, out: Path, ledger_path: Path | None,
+         limit_mib: float, part_mib: float, log=print) -> dict:  # fmt: skip
+    """Pack what the ledger has not got yet into ``out`` (see the module docstring)."""
+    ledger = _read(ledger_path, empty_ledger(stage)) if ledger_path else empty_ledger(stage)
+    here = results / f".{stage}.sent.json"  # sent earlier in this lease (warm machine)
+    sent_here = _read(here, {})
+    have = {**ledger.get("files", {}), **sent_here}
+    files = collect(results, list(names))
+    new = {r: f for r, f in files.items() if have.get(r, {}).get("sha256") != f["sha256"]}
+    chosen, total = [], 0
+    for rel in sorted(new, key=lambda r: _priority(r, new[r]["bytes"])):
+        if total + new[rel]["bytes"] > limit_mib * MIB:
+            continue
+        chosen.append(rel)
+        total += new[rel]["bytes"]
+    seq = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+    parts = []
+    if chosen:
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Path(tmp) / "state.tgz"
+            with tarfile.open(archive, "w:gz", compresslevel=1) as tf:
+                for rel in chosen:
+                    tf.add(results / rel, arcname=rel)
+            with open(archive, "rb") as src:
+                k = 0
+                while block := src.read(int(part_mib * MIB)):
+                    k += 1
+                    part = out / f"{stage}.state-{seq}-{k}.part"
+                    part.write_bytes(block)
+                    parts.append({"name": part.name, "sha256": _sha256(part), "bytes": len(block)})
+    pending = {r: new[r] for r in new if r not in chosen}
+    record = {
+        "stage": stage,
+        "archive": {"seq": seq, "parts": parts, "files": {r: new[r] for r in chosen}},
+        "pending": pending,
+    }
+    _write(out / f"{stage}.ledger.json", record)
+    _write(here, {**sent_here, **{r: new[r] for r in chosen}})
+    if parts:  # this machine holds what it sent: never unpack that archive over newer files
+        _write(results / _mark(stage), [*_read(results / _mark(stage), []), seq])
+    log(
+        f"device_state: sent {len(chosen)} files ({total / MIB:.1f} MiB in {len(parts)} parts);"
+        f" {len(pending)} still on the device only"
+        + (f" ({sum(f['bytes'] for f in pending.values()) / MIB:.1f} MiB)" if pending else "")
+    )
+    return record
+
+
+def absorb(files_at: Path, stage: str, dest: Path, batch_mib: float, log=print) -> dict:
+    """Merge one call's ledger and parts into ``dest/<stage>`` (here)."""
+    record = _read(files_at / f"{stage}.ledger.json", None)
+    if record is None:
+        raise SystemExit(_error(3, f"no {stage}.ledger.json in {files_at}"))
+    folder = dest / stage
+    ledger = _read(folder / LEDGER, empty_ledger(stage))
+    archive = record["archive"]
+    if archive["parts"] and archive["seq"] not in {a["seq"] for a in ledger["archives"]}:
+        size = sum(p["bytes"] for p in archive["parts"])
+        batches = sorted(folder.glob("batch-*"))
+        last = batches[-1] if batches else None
+        used = sum(f.stat().st_size for f in last.iterdir()) if last else 0
+        if last is None or used + size > batch_mib * MIB:
+            last = folder / f"batch-{len(batches) + 1}"
+        last.mkdir(parents=True, exist_ok=True)
+        for p in archive["parts"]:
+            src = files_at / p["name"]
+            if _sha256(src) != p["sha256"]:
+                raise SystemExit(_error(4, f"{src}: sha256 differs from the ledger's"))
+            shutil.copyfile(src, last / p["name"])
+        ledger["archives"].append({**archive, "batch": last.name})
+        ledger["files"].update(archive["files"])
+    ledger["pending"] = record["pending"]
+    _write(folder / LEDGER, ledger)
+    log(
+        f"device_state: {stage}: {len(ledger['files'])} files held here in "
+        f"{len(ledger['archives'])} archives; {len(ledger['pending'])} pending on the device"
+    )
+    return ledger
+
+
+def restore(carried: Path, stage: str, results: Path, gather: Path, log=print) -> int:
+    """Unpack the carried state into a bare results folder, once every batch has come."""
+    ledger = _read(carried / LEDGER, None)
+    if not ledger or not ledger["archives"]:
+        log("device_state: no carried state: the run starts from what this machine has")
+        return 0
+    done = _read(results / _mark(stage), [])
+    todo = [a for a in ledger["archives"] if a["seq"] not in done]
+    if not todo:
+        log("device_state: the carried state is already unpacked here")
+        return 0
+    gather.mkdir(parents=True, exist_ok=True)
+    for batch in sorted(carried.glob("batch-*")):
+        for part in batch.iterdir():
+            if not (gather / part.name).exists():
+                shutil.copyfile(part, gather / part.name)
+    missing = sorted(
+        {a["batch"] for a in todo if any(not (gather / p["name"]).exists() for p in a["parts"])}
+    )
+    if missing:
+        carry = [f".devstate/{stage}/{b}" for b in missing]
+        print(
+            f"device_state: state batches missing: {missing}; carry {json.dumps(carry)} "
+            f"(and .devstate/{stage}/{LEDGER}) in the next calls, on this warm machine",
+            file=sys.stderr,
+        )
+        return 3
+    for a in todo:  # in order: later archives hold newer versions of a file
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Path(tmp) / "state.tgz"
+            with open(archive, "wb") as dst:
+                for p in a["parts"]:
+                    src = gather / p["name"]
+                    if _sha256(src) != p["sha256"]:
+                        return _error(4, f"{src}: sha256 differs from the ledger's")
+                    dst.write(src.read_bytes())
+            with tarfile.open(archive) as tf:
+                tf.extractall(results, filter="data")
+        done.append(a["seq"])
+        _write(results / _mark(stage), done)
+    log(
+        f"device_state: unpacked {len(todo)} archives ({len(ledger['files'])} files) into {results}"
+    )
+    return 0
+
+
+def _mark(stage: str) -> str:
+    return f".{stage}{RESTORED}"
+
+
+def plan(stage: str, dataset: str | None, devstate: Path, devdata: Path, limit_mib: float,
+         project_mib: float, log=print) -> list[list[str]]:  # fmt: skip
+    """The calls' carry lists: data parts and state batches, each call within the limit."""
+    items = []
+    if dataset:
+        items += [(p, _size(p)) for p in sorted((devdata / dataset).glob("part-*"))]
+    ledger_file = devstate / stage / LEDGER
+    batches = sorted((devstate / stage).glob("batch-*")) if ledger_file.exists() else []
+    items += [(b, _size(b)) for b in batches]
+    fixed = project_mib * MIB + (ledger_file.stat().st_size if ledger_file.exists() else 0)
+    calls, current, used = [], [], fixed
+    for path, size in items:
+        if current and used + size > limit_mib * MIB:
+            calls.append(current)
+            current, used = [], fixed
+        current.append(path)
+        used += size
+    calls.append(current)
+    extra = [ledger_file] if ledger_file.exists() else []
+    out = []
+    for i, call in enumerate(calls, 1):
+        carry = [p.relative_to(REPO).as_posix() if p.is_relative_to(REPO) else str(p)
+                 for p in [*call, *extra]]  # fmt: skip
+        out.append(carry)
+        last = i == len(calls)
+        log(
+            f'call {i}: command "bash tools/device_run.sh {stage}", timeout_s 600, carry '
+            f"{json.dumps(carry)}" + ("" if last else "  (gathers only: exit 3, call again)")
+        )
+    pending = _read(ledger_file, {}).get("pending", {}) if ledger_file.exists() else {}
+    if pending:
+        log(
+            f"note: {len(pending)} files were pending on the last machine and are lost if it "
+            "was given back: their methods resume from the last state that came back"
+        )
+    return out
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("send", help="device: pack what is new into OUT")
+    s.add_argument("--results", type=Path, required=True)
+    s.add_argument("--names", nargs="+", required=True, help="folders under RESULTS to send")
+    s.add_argument("--stage", required=True)
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--ledger", type=Path, help="the carried .devstate/<stage>/ledger.json")
+    s.add_argument("--limit-mib", type=float, default=44.0)
+    s.add_argument("--part-mib", type=float, default=15.0)
+    a = sub.add_parser("absorb", help="here: keep a call's parts and ledger in .devstate")
+    a.add_argument("files_at", type=Path)
+    a.add_argument("--stage", required=True)
+    a.add_argument("--dest", type=Path, default=REPO / ".devstate")
+    a.add_argument("--batch-mib", type=float, default=28.0)
+    r = sub.add_parser("restore", help="device: unpack the carried state into RESULTS")
+    r.add_argument("--stage", required=True)
+    r.add_argument("--carried", type=Path, required=True, help="the carried .devstate/<stage>")
+    r.add_argument("--results", type=Path, required=True)
+    r.add_argument("--gather", type=Path, required=True)
+    p = sub.add_parser("plan", help="here: what the next calls carry")
+    p.add_argument("--stage", required=True)
+    p.add_argument("--dataset")
+    p.add_argument("--devstate", type=Path, default=REPO / ".devstate")
+    p.add_argument("--devdata", type=Path, default=REPO / ".devdata")
+    p.add_argument("--limit-mib", type=float, default=62.0)
+    p.add_argument("--project-mib", type=float, default=4.0)
+    args = ap.parse_args(argv)
+    if args.command == "send":
+        if not args.results.is_dir():
+            return _error(3, f"no results folder {args.results}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        send(args.results, args.names, args.stage, args.out, args.ledger, args.limit_mib,
+             args.part_mib)  # fmt: skip
+        return 0
+    if args.command == "absorb":
+        absorb(args.files_at, args.stage, args.dest, args.batch_mib)
+        return 0
+    if args.command == "restore":
+        args.results.mkdir(parents=True, exist_ok=True)
+        return restore(args.carried, args.stage, args.results, args.gather)
+    plan(args.stage, args.dataset, args.devstate, args.devdata, args.limit_mib, args.project_mib)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
