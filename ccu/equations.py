@@ -68,7 +68,7 @@ INDEX: tuple[Entry, ...] = (
         "eq. (4)",
         "eq:model_GMM",
         "the in- and out-densities: Gaussian mixtures in the metric d",
-        ("ccu.GaussianMixture", "ccu.GaussianMixture.log_prob"),
+        ("ccu.GaussianMixture",),
         "book/two_moons",
     ),
     Entry(
@@ -127,7 +127,7 @@ INDEX: tuple[Entry, ...] = (
         "App:Cor",
         "the proof of Corollary 3.1: the in-density's upper and the out-density's lower bound "
         "over the ball",
-        ("ccu.GaussianMixture.ball_bounds", "ccu.confidence_bound"),
+        ("ccu.GaussianMixture.ball_bounds_whitened", "ccu.confidence_bound"),
         "book/corollary1",
     ),
     Entry(

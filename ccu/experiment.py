@@ -482,7 +482,8 @@ def adversarial_noise(
     attacked again. ``attack_batch``: iterates per score evaluation of the attack (``None``:
     sized to the device's free memory, :func:`ccu.attacks.attack_batch_size`; the paper's 200
     seeds x 50 restarts run in a few chunks on a GPU). Saves ``table1.json`` and
-    ``adversarial.npz`` and returns what they hold.
+    ``adversarial.npz`` and returns what they hold. Chapter *Adversarial noise*
+    (``book/adversarial_noise.ipynb``).
     """
     certifying = [n for n, r in runs.items() if r.method.certifier() is not None]
     if not certifying:

@@ -42,6 +42,9 @@ def _acet2_paper(table: str, key_col: str, dataset: str, key: str) -> float:
 def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> pd.DataFrame:
     """Table 2 (``auroc``) or the AUPR table (``aupr_in``) rows for ``dataset``.
 
+    The paper's Table 2 and Table 6 (AUPR), ACET2's values from Table 4; chapter *OOD
+    detection* (``book/ood_detection.ipynb``).
+
     ``metrics`` maps a method to its ``metrics.json``. Columns: (method, ours | paper). Rows are
     the dataset's OOD sets; one that could not be loaded (e.g. a download-only set offline) has
     "(not available)" in its name and no value of ours, and a set that stands in for the
@@ -83,7 +86,10 @@ def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> 
 
 
 def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
-    """Table 1 rows (TE, SR, AUC in percent) for ``dataset``, ours beside the paper's."""
+    """Table 1 rows (TE, SR, AUC in percent) for ``dataset``, ours beside the paper's.
+
+    ACET2's values from the paper's Table 5; chapter *Adversarial noise*
+    (``book/adversarial_noise.ipynb``)."""
     paper = paper_table("table1_adversarial_noise")
     paper = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
     data = {}
@@ -100,7 +106,9 @@ def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
 
 
 def p_stats_row(ccu_metrics: dict, dataset: str, n_test: int) -> pd.DataFrame:
-    """The appendix P_Stats row: CCU's lowest test confidence and how many are below 1.1/M."""
+    """The appendix P_Stats row: CCU's lowest test confidence and how many are below 1.1/M.
+
+    The paper's Table 3; chapter *Adversarial noise* (``book/adversarial_noise.ipynb``)."""
     paper = paper_table("table_p_stats")
     p = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
     n_below = ccu_metrics["n_below_1.1_over_M"]
