@@ -15,12 +15,12 @@ import pandas as pd
 
 from ccu.data import OOD_SETS, REGISTRY
 from ccu.methods import ordered
+from ccu.reference_results import REFERENCE_RESULTS, load_reference  # noqa: F401 - re-exported
 
 #: registry names -> the paper's dataset names, and OOD set names -> the paper's column names
 #: (both read from the dataset and OOD-set records of :mod:`ccu.data`)
 PAPER_DATASET = {n: s.paper_name for n, s in REGISTRY.items() if s.paper_name is not None}
 PAPER_OOD = {n: s.paper_name for n, s in OOD_SETS.items()}
-REFERENCE_RESULTS = Path(__file__).resolve().parents[1] / "reference-results"
 
 
 def paper_table(name: str) -> pd.DataFrame:
@@ -125,24 +125,6 @@ def p_stats_row(ccu_metrics: dict, dataset: str, n_test: int) -> pd.DataFrame:
             "% < 1.1/M": float(p["pct_below_1.1_over_M"].iloc[0]),
         }
     return pd.DataFrame(rows).T.round(2)
-
-
-def load_reference(profile: str, dataset: str, root: Path | None = None) -> dict:
-    """Committed reference results: {"metrics": {method: ...}, "config": {...}, "table1": ...}."""
-    d = Path(root or REFERENCE_RESULTS) / profile / dataset
-    if not d.is_dir():
-        raise FileNotFoundError(
-            f"no reference results for profile {profile!r} and dataset {dataset!r} in {d}; "
-            "produce them with tools/reference_run.py."
-        )
-    out = {"metrics": {}, "config": {}, "directory": d}
-    for f in sorted(d.glob("*.metrics.json")):
-        out["metrics"][f.name.split(".")[0]] = json.loads(f.read_text())
-    for f in sorted(d.glob("*.config.json")):
-        out["config"][f.name.split(".")[0]] = json.loads(f.read_text())
-    if (d / "table1.json").exists():
-        out["table1"] = json.loads((d / "table1.json").read_text())
-    return out
 
 
 def reference_runs(profile: str, root: Path | None = None) -> dict[str, dict]:

@@ -10,7 +10,8 @@ import torch
 from helpers import random_ccu
 
 import ccu
-from ccu import cli, guarantees, lp
+from ccu import cli, guarantees, lp, steps
+from ccu.records import RunSpec
 from ccu import evaluate as ev
 from ccu import results as store
 
@@ -115,4 +116,4 @@ def test_a_ccu_family_gets_its_own_guarantees(tmp_path):
     g = guarantees.run_guarantees(run, data)
     assert g["method"] == "CCU-diag" and (run.directory / "guarantees.json").exists()
     assert g["sets"]["uniform"]["share_certified"] > 0.5
-    assert cli.guarantees_one("digits", "Base", prof, 0, "cpu", tmp_path) is None
+    assert steps.guarantees_one(RunSpec("digits", "Base", prof, 0, "cpu"), tmp_path) is None
