@@ -11,9 +11,9 @@ from helpers import random_ccu
 
 import ccu
 from ccu import cli, guarantees, lp, steps
-from ccu.records import RunSpec
 from ccu import evaluate as ev
 from ccu import results as store
+from ccu.records import RunSpec
 
 TINY = {"epochs": 1, "n_train": 300, "n_seeds": 4, "attack_steps": 2, "attack_restarts": 1}
 
