@@ -24,6 +24,7 @@ import pandas as pd
 from ccu import report
 from ccu import results as store
 from ccu.methods import ordered
+from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED
 
 
 class NoResultsError(FileNotFoundError):
@@ -70,12 +71,12 @@ def collect(profile, dataset: str, root=None, seeds=None, methods=None) -> SeedR
     want = list(seeds) if seeds is not None else seeds_present(profile, dataset, root)
     for seed in want:
         sd = store.seed_dir(profile, dataset, seed, root, training=True)
-        names = methods or [p.parent.name for p in sd.glob("*/config.json")]
+        names = methods or [p.parent.name for p in sd.glob(f"*/{store.CONFIG}")]
         per = {}
         for m in names:
             d = store.method_dir(profile, dataset, m, root, seed)
-            if (d / "config.json").exists():
-                per[m] = store.read_json(d / "metrics.json")
+            if (d / store.CONFIG).exists():
+                per[m] = store.read_json(d / store.METRICS)
             elif methods is not None:
                 raise NoResultsError(
                     f"no complete run of {m} on {dataset} (profile {label}, seed {seed}) in "
@@ -84,7 +85,7 @@ def collect(profile, dataset: str, root=None, seeds=None, methods=None) -> SeedR
                 )
         if per:
             runs.metrics[seed] = per
-        t1 = store.adversarial_dir(profile, dataset, root, seed) / "table1.json"
+        t1 = store.adversarial_dir(profile, dataset, root, seed) / store.TABLE1
         if t1.exists():
             runs.table1[seed] = store.read_json(t1)
         if seed not in runs.metrics and seed not in runs.table1 and seeds is not None:
@@ -160,7 +161,7 @@ def certification_table(runs: SeedRuns) -> pd.DataFrame:
     """Per seed set: certified seeds, median certified radius, certified AUC (percent)."""
     seeds = sorted(runs.table1)
     rows = []
-    for key, scale in (("n_certified", 1), ("median_radius", 1), ("certified_auc", 100)):
+    for key, scale in ((N_CERTIFIED, 1), (MEDIAN_RADIUS, 1), (CERTIFIED_AUC, 100)):
         vals = [scale * runs.table1[s][key] for s in seeds if key in runs.table1[s]]
         rows.append(_row("CCU", key, vals, float("nan")))
     return pd.DataFrame(rows)
@@ -283,11 +284,11 @@ def write_tables(profile, dataset: str, root=None, seeds=None, out=None, methods
     ]
     for name, long in tables.items():
         path = out / f"{name}.csv"
-        store._atomic_bytes(path, long.to_csv(index=False).encode())
+        store.atomic_bytes(path, long.to_csv(index=False).encode())
         written.append(path)
         decimals = 3 if name == "certification" else (2 if name == "p_stats" else 1)
         text += ["", f"## {name}", "", to_markdown(wide(long, decimals))]
     md = out / "tables.md"
-    store._atomic_bytes(md, ("\n".join(text) + "\n").encode())
+    store.atomic_bytes(md, ("\n".join(text) + "\n").encode())
     written.append(md)
     return written, tables

@@ -2,8 +2,9 @@
 
 * :func:`confidence_bound` - Corollary 1: ``max_{d(x,x0)<=R} max_y p(y|x) <= (1/M)(1 + M b/lam)/(1 + b/lam)``
   with ``b`` the ratio of the in-density's upper bound to the out-density's lower bound over the ball.
-* :func:`certified_radius` - appendix "Finding the certifiable radius": the largest ``R`` with
-  bound ``<= level/M``, by batched bisection on ``b(R) = lam (level - 1)/(M - level)``; NaN marks
+* :func:`certified_radius` - appendix "Finding the certifiable radius", eqs. (24)-(25): the
+  largest ``R`` with bound ``<= level/M``, by batched bisection on
+  ``b(R) = lam (level - 1)/(M - level)``; NaN marks
   a centre where no ball is certified (even ``R = 0`` is above the level).
 * :func:`check_certificate` - the attack's points against the bound, in float64.
 * :func:`theorem1_distance` - Theorem 1: the distance to the training set beyond which
@@ -74,7 +75,10 @@ def _bound_from_log_b(log_b: torch.Tensor, log_lam: float, M: int) -> torch.Tens
 
 
 def log_ratio_bound(model: CCU, x0, radius) -> torch.Tensor:
-    """``log b`` of Corollary 1 for the balls ``d(x, x0) <= radius`` (float64, (N,))."""
+    """``log b`` of Corollary 1 for the balls ``d(x, x0) <= radius`` (float64, (N,)).
+
+    ``b`` of Corollary 3.1 (eq. (11)), ``b(R)`` of eqs. (24)-(25); chapter *Corollary 1 and the
+    certified radius* (``book/corollary1.ipynb``)."""
     _check_model(model)
     x0 = _centres(model, x0)
     return _log_b_functions(model, x0)(_radius(radius, x0.shape[0]))
@@ -87,6 +91,9 @@ def confidence_bound(model: CCU, x0, radius) -> torch.Tensor:
     :func:`certified_radius`, is refused). Holds whatever the classifier's logits and whatever
     the variances: Corollary 1 does not need Theorem 1's ``theta > sigma``. The bound is for the
     float64 model (see the module docstring).
+
+    The paper's Corollary 3.1, eq. (11), proved as Corollary B.1; chapter *Corollary 1 and the
+    certified radius* (``book/corollary1.ipynb``).
     """
     log_b = log_ratio_bound(model, x0, radius)
     return _bound_from_log_b(log_b, float(model.log_lam), model.num_classes)
@@ -99,7 +106,8 @@ def certified_radius(
     rtol: float = 1e-12,
     max_iter: int = 200,
 ) -> torch.Tensor:
-    """Largest ``R`` whose Corollary 1 bound is ``<= level / M``; float64 (N,).
+    """Largest ``R`` whose Corollary 1 bound is ``<= level / M``; float64 (N,): the paper's
+    eqs. (24)-(25), chapter *Corollary 1 and the certified radius* (``book/corollary1.ipynb``).
 
     **NaN marks an uncertified centre**: one where even ``R = 0`` has a bound above
     ``level / M`` (e.g. a point near the in-distribution), so no ball around it is certified.
@@ -301,6 +309,9 @@ def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False)
     the printed formula, for comparison only. ``l*`` is the out-component with the *largest*
     ``beta_l exp(-d(z, nu_l)^2 / 2 theta_l^2)`` (the proof's max; the statement's "argmin" is a
     typo, though any ``l`` gives a valid condition). Negative log terms are clipped at 0.
+
+    The paper's Theorem 3.1, condition eq. (9), with the proof's terms (Theorem A.1, eqs.
+    (13)-(17)); chapter *Theorem 1, numerically* (``book/theorem1.ipynb``).
     """
     _check_model(model)
     gin, gout = model.theorem1_densities()  # spherical GMMs only: otherwise it does not apply
@@ -347,7 +358,10 @@ def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False)
 
 def theorem1_distance(model: CCU, z, train_x, eps: float) -> torch.Tensor:
     """Theorem 1's right-hand side for each ``z``: if ``min_i d(z, x_i)`` is at least this,
-    then ``max_y p(y|z) <= (1 + eps)/M``. float64 (N,)."""
+    then ``max_y p(y|z) <= (1 + eps)/M``. float64 (N,).
+
+    The paper's Theorem 3.1: condition eq. (9), conclusion eq. (10); chapter *Theorem 1,
+    numerically* (``book/theorem1.ipynb``)."""
     return theorem1_terms(model, z, train_x, eps).distance
 
 

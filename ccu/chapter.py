@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 import ccu
-from ccu import plots
+from ccu import plots, reference_results
 from ccu.config import Profile, TrainSettings, get_profile, train_settings
 from ccu.data import Dataset, load_dataset
 from ccu.data.ood import uniform_noise
+from ccu.records import N_CERTIFIED
 
 
 class ChapterSetup(NamedTuple):
@@ -266,7 +267,7 @@ def corollary1_check(
         "sampled": tried.sampled_max.cpu(),
         "violations": chk.n_violations,
         "outside": chk.n_outside,
-        "n_certified": int(ok.sum()),
+        N_CERTIFIED: int(ok.sum()),
         "n_uncertified": int((~ok).sum()),
         "attack_max": float(found.max()),
         "sample_max": float(tried.sampled_max.max()),
@@ -321,24 +322,21 @@ def worst_cases_of_run(adv, data: Dataset, prof: Profile, seed: int, rows: int =
 
 def worst_cases_of_reference(dataset: str, ref: dict, rows: int = 2):
     """Figure 2's rows from a committed reference run (its ``figure2.npz``)."""
-    with np.load(ref["directory"] / "figure2.npz") as z:
-        names = [k[: -len("_worst_x")] for k in z.files if k.endswith("_worst_x")]
-        rows = min(rows, len(z["seed"]))
-        return [
-            {
-                "label": f"{dataset}\nseed {i}",
-                "seed": z["seed"][i],
-                "worst": {
-                    m: (z[f"{m}_worst_x"][i], float(z[f"{m}_worst_score"][i])) for m in names
-                },
-            }
-            for i in range(rows)
-        ]
+    names, z = reference_results.figure2_rows(ref["directory"])
+    rows = min(rows, len(z["seed"]))
+    return [
+        {
+            "label": f"{dataset}\nseed {i}",
+            "seed": z["seed"][i],
+            "worst": {m: (z[f"{m}_worst_x"][i], float(z[f"{m}_worst_score"][i])) for m in names},
+        }
+        for i in range(rows)
+    ]
 
 
 def reference_radii(ref: dict) -> np.ndarray:
     """The certified radii of a committed reference run (``radii.csv``; NaN: not certified)."""
-    return np.loadtxt(ref["directory"] / "radii.csv", ndmin=1)
+    return reference_results.radii(ref["directory"])
 
 
 # ----------------------------------------------------------------------------- normalisation

@@ -23,7 +23,7 @@ declaration :attr:`~DensityModel.theorem1`. :func:`ccu.testing.check_density` te
 against its ball bounds. Families register by name (:func:`register_density`); the book chapter
 *Try your own density model* walks through one.
 
-:class:`GaussianMixture` is eq. "model_GMM": ``p(x) = sum_k alpha_k exp(-d(x, mu_k)^2 / 2 sigma_k^2)``
+:class:`GaussianMixture` is eq. (4): ``p(x) = sum_k alpha_k exp(-d(x, mu_k)^2 / 2 sigma_k^2)``
 with ``alpha_k = w_k (2 pi sigma_k^2)^{-D/2} (det C)^{-1/2}``, a properly normalised mixture of
 ``N(mu_k, sigma_k^2 C)`` (the paper prints ``(det C)^{D/2}``, a typo; see the book).
 """
@@ -274,7 +274,8 @@ def _radius(radius, n: int) -> torch.Tensor:
 
 
 class _GMMBallBounds(BallBounds):
-    """Corollary 1's bounds for a GMM: reverse triangle inequality on each component."""
+    """Corollary 1's bounds for a GMM: reverse triangle inequality on each component (the
+    proof's eqs. (19)-(23))."""
 
     def __init__(self, dist: torch.Tensor, log_alpha: torch.Tensor, log_var: torch.Tensor):
         super().__init__(dist.shape[0])
@@ -334,7 +335,7 @@ class ScaleConstraint:
 
 def em_fit(x, metric, seed, n_components, covariance_type, max_iter, reg_covar, verbose):
     """k-means + EM in the metric's whitened space with scikit-learn (``covariance_type``
-    ``"spherical"`` is eq. "model_GMM" there, ``"diag"`` the diagonal family): returns
+    ``"spherical"`` is eq. (4) there, ``"diag"`` the diagonal family): returns
     ``(means, log variances, log weights)`` as numpy arrays."""
     from sklearn.mixture import GaussianMixture as SkGMM
 
@@ -357,7 +358,8 @@ def em_fit(x, metric, seed, n_components, covariance_type, max_iter, reg_covar, 
 
 @register_density("gmm")
 class GaussianMixture(ScaleConstraint, DensityModel):
-    """Eq. "model_GMM": spherical Gaussians in the metric ``d``, normalised, in log space.
+    """Eq. (4): spherical Gaussians in the metric ``d``, normalised, in log space (chapter
+    *Two moons*, ``book/two_moons.ipynb``).
 
     Parameters
     ----------
@@ -483,7 +485,9 @@ class GaussianMixture(ScaleConstraint, DensityModel):
 
     def ball_bounds_whitened(self, w0: torch.Tensor) -> BallBounds:
         """Corollary 1's bounds over ``|w - w0_n| <= R``; every term float64 from the parameters
-        cast to float64 first (whatever dtype this mixture trains in)."""
+        cast to float64 first (whatever dtype this mixture trains in). The bounds are those of
+        the proof (Corollary B.1, eqs. (19)-(23)); chapter *Corollary 1 and the certified radius*
+        (``book/corollary1.ipynb``)."""
         with torch.no_grad():
             dist = self.whitened_distances(w0, whitened=True)
             log_alpha = self.log_alpha(torch.float64)
@@ -503,7 +507,7 @@ class GaussianMixture(ScaleConstraint, DensityModel):
         verbose: bool = False,
     ) -> GaussianMixture:
         """k-means + EM with spherical covariances in whitened space (scikit-learn's
-        ``GaussianMixture(covariance_type="spherical")`` is eq. "model_GMM" there)."""
+        ``GaussianMixture(covariance_type="spherical")`` is eq. (4) there)."""
         means, log_var, log_w = em_fit(
             x, metric, seed, n_components, "spherical", max_iter, reg_covar, verbose
         )

@@ -1,6 +1,7 @@
 """OOD metrics (scikit-learn) and the Table 1 statistics.
 
-Conventions (design.md), for scores where higher means more in-distribution:
+Conventions (the book chapter *OOD detection* states them too), for scores where higher means
+more in-distribution:
 
 * AUROC and AUPR-In take the in-distribution as the positive class; AUPR-Out takes the OOD set as
   positive with the negated score.
@@ -29,14 +30,19 @@ def _arrays(score_in, score_out):
 
 
 def auroc(score_in, score_out) -> float:
-    """Area under the ROC curve, in-distribution positive (ties count one half)."""
+    """Area under the ROC curve, in-distribution positive (ties count one half).
+
+    The paper's Table 2; chapter *OOD detection* (``book/ood_detection.ipynb``)."""
     a, b = _arrays(score_in, score_out)
     y = np.r_[np.ones_like(a), np.zeros_like(b)]
     return float(roc_auc_score(y, np.r_[a, b]))
 
 
 def strict_auc(score_in, score_out) -> float:
-    """``P(score_in > score_out)`` over all pairs: ties count as failures (worst-case AUC)."""
+    """``P(score_in > score_out)`` over all pairs: ties count as failures (worst-case AUC).
+
+    The AUC of the paper's Table 1; chapter *Adversarial noise*
+    (``book/adversarial_noise.ipynb``)."""
     a, b = _arrays(score_in, score_out)
     a_sorted = np.sort(a)
     greater = a.size - np.searchsorted(a_sorted, b, side="right")  # in-scores strictly above
@@ -44,11 +50,16 @@ def strict_auc(score_in, score_out) -> float:
 
 
 def aupr_in(score_in, score_out) -> float:
+    """Area under the precision-recall curve (precision and recall: eqs. (26)-(27)), the
+    in-distribution positive. The paper's Table 6; chapter *OOD detection*
+    (``book/ood_detection.ipynb``)."""
     a, b = _arrays(score_in, score_out)
     return float(average_precision_score(np.r_[np.ones_like(a), np.zeros_like(b)], np.r_[a, b]))
 
 
 def aupr_out(score_in, score_out) -> float:
+    """Area under the precision-recall curve (eqs. (26)-(27)), the OOD set positive with the
+    negated score; chapter *OOD detection* (``book/ood_detection.ipynb``)."""
     a, b = _arrays(score_in, score_out)
     return float(average_precision_score(np.r_[np.zeros_like(a), np.ones_like(b)], -np.r_[a, b]))
 
@@ -70,7 +81,10 @@ def ood_metrics(score_in, score_out) -> dict[str, float]:
 
 
 def success_rate(worst_scores, score_in) -> float:
-    """SR: share of seeds whose worst case reaches the median in-distribution score."""
+    """SR: share of seeds whose worst case reaches the median in-distribution score.
+
+    The SR of the paper's Table 1; chapter *Adversarial noise*
+    (``book/adversarial_noise.ipynb``)."""
     a, b = _arrays(score_in, worst_scores)
     return float((b >= np.median(a)).mean())
 

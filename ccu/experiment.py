@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ from ccu.attacks import AttackResult
 from ccu.config import Profile, get_profile, train_settings
 from ccu.data import Dataset, load_dataset, load_ood, uniform_noise
 from ccu.methods import get_method
+from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED, RunSpec, TrainerOptions
 from ccu.results import RESULTS_ROOT, CorruptResultError  # noqa: F401 - part of this API
 from ccu.testing import UnsoundDensityError
 
@@ -68,23 +69,6 @@ class RunResult:
     loaded: bool
 
 
-def _config(dataset: str, method: str, profile, settings, seed: int, data: Dataset) -> dict:
-    return {
-        "dataset": dataset,
-        "method": method,
-        "profile": profile.as_dict(),
-        "settings": asdict(settings),
-        "seed": seed,
-        "ccu_version": ccu.__version__,
-        "torch_version": torch.__version__,
-        "data_checksum": data.checksum(),
-        "dataset_description": data.spec.description,
-        "data_sources": data.info,  # in-data files, out-distribution files and count
-        "out_distribution": data.out_description,
-        "ood_sets": list(data.spec.ood_sets),
-    }
-
-
 def run_method(
     dataset: str,
     method: str,
@@ -98,6 +82,7 @@ def run_method(
     precision: str = "float32",
     channels_last: bool = False,
     compile: bool = False,
+    options: TrainerOptions | None = None,
 ) -> RunResult:
     """Train ``method`` on ``dataset`` (or load the saved run) and score the test and OOD sets.
 
@@ -106,26 +91,24 @@ def run_method(
     run is reused only when its recorded config (the profile's training fields included) is the
     same; a finished run of another config there raises :class:`ccu.results.ResultConflictError`
     (it is replaced only with ``retrain=True``).
-    ``precision`` (``"bf16"``: the classifier under bfloat16 autocast while training; part of
-    the config), ``channels_last`` and ``compile`` are :class:`ccu.Trainer`'s speed options.
+    ``options`` (a :class:`ccu.records.TrainerOptions`), or else ``precision`` (``"bf16"``: the
+    classifier under bfloat16 autocast while training; part of the config), ``channels_last``
+    and ``compile``, are :class:`ccu.Trainer`'s speed options. The config written (and compared
+    with :func:`ccu.results.same_config`) is :meth:`ccu.records.RunSpec.config`.
     The run holds the lock of its directory: a second process asking for the same run waits and
     then loads it. A corrupt result file raises :class:`ccu.results.CorruptResultError`.
     """
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
+    if options is None:
+        options = TrainerOptions(precision, channels_last, compile)
+    spec = RunSpec(dataset, method, prof, seed, device, options)
     settings = train_settings(dataset)
     if data is None:
         data = load_dataset(dataset, seed=seed).subset(prof.n_train)
     cls = get_method(method)
-    options = dict(precision=precision, channels_last=channels_last, compile=compile)
-    m = cls(data.spec, settings, prof, seed=seed, device=device, **options)
+    m = cls(data.spec, settings, prof, seed=seed, device=device, **options.as_kwargs())
     files = store.MethodStore(store.method_dir(prof, dataset, method, root, seed))
-    config = dict(
-        _config(dataset, method, prof, settings, seed, data),
-        network=m.network_kind(),
-        precision=m.trainer_options["precision"],
-        trainer_options=m.trainer_options,
-        **m.extra_config(),
-    )
+    config = spec.config(data, m)
     with store.locked(files.directory, f"{method} on {dataset}"):
         if retrain:
             files.clear()
@@ -149,7 +132,7 @@ def run_method(
         if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
             base = run_method(
                 dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed,
-                **options,
+                options=options,
             )  # fmt: skip
             m.build_from_base(base.method, data)
         else:
@@ -272,20 +255,20 @@ class AdversarialResult:
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         store.write_npz(
-            directory / "adversarial.npz",
+            directory / store.ADVERSARIAL,
             seeds=self.seeds,
             radii=self.radii,
             bound=self.bound,
             **{f"{k}_worst_x": v for k, v in self.worst_x.items()},
             **{f"{k}_worst_score": v for k, v in self.worst_score.items()},
         )
-        store.write_json(directory / "table1.json", self.summary)  # last: the marker
+        store.write_json(directory / store.TABLE1, self.summary)  # last: the marker
 
     @classmethod
     def load(cls, directory: Path) -> AdversarialResult:
         directory = Path(directory)
-        summary = store.read_json(directory / "table1.json")
-        arrays = store.read_npz(directory / "adversarial.npz")
+        summary = store.read_json(directory / store.TABLE1)
+        arrays = store.read_npz(directory / store.ADVERSARIAL)
         try:
             names = list(summary["methods"])
             return cls(
@@ -299,7 +282,7 @@ class AdversarialResult:
             )
         except KeyError as exc:
             raise CorruptResultError(
-                f"{directory / 'adversarial.npz'} lacks {exc}; delete {directory} to recompute."
+                f"{directory / store.ADVERSARIAL} lacks {exc}; delete {directory} to recompute."
             ) from exc
 
 
@@ -315,7 +298,7 @@ def _attack_one(
 ):
     """One method's attack, or its saved result when the same attack already finished (the
     chunking, ``attack_batch``, is not part of the key: it does not change the attack)."""
-    meta, arrays = directory / f"attack.{name}.json", directory / f"attack.{name}.npz"
+    meta, arrays = store.attack_files(directory, name)
     if meta.exists():
         saved = store.read_json(meta)
         if saved.get("key") == key:
@@ -482,7 +465,8 @@ def adversarial_noise(
     attacked again. ``attack_batch``: iterates per score evaluation of the attack (``None``:
     sized to the device's free memory, :func:`ccu.attacks.attack_batch_size`; the paper's 200
     seeds x 50 restarts run in a few chunks on a GPU). Saves ``table1.json`` and
-    ``adversarial.npz`` and returns what they hold.
+    ``adversarial.npz`` and returns what they hold. Chapter *Adversarial noise*
+    (``book/adversarial_noise.ipynb``).
     """
     certifying = [n for n, r in runs.items() if r.method.certifier() is not None]
     if not certifying:
@@ -511,12 +495,12 @@ def adversarial_noise(
         summary = {
             "balls_from": ball_method,
             "n_seeds": prof.n_seeds,
-            "n_certified": int(ok.sum()),
+            N_CERTIFIED: int(ok.sum()),
             "n_uncertified": int((~ok).sum()),
             "level": level,
             "images_inside_balls": int(inside.sum()),
-            "certified_auc": ev.strict_auc(ccu_conf, guaranteed),
-            "median_radius": median(radii[ok]) if bool(ok.any()) else float("nan"),
+            CERTIFIED_AUC: ev.strict_auc(ccu_conf, guaranteed),
+            MEDIAN_RADIUS: median(radii[ok]) if bool(ok.any()) else float("nan"),
         }
         key_balls = _digest(
             seeds.numpy(), radii.numpy(), level, runs[ball_method].config.get("files")
@@ -551,7 +535,7 @@ def adversarial_noise(
         )
         result.save(directory)
         log(
-            f"adversarial noise on {data.name}: {summary['n_certified']} of {prof.n_seeds} seeds "
+            f"adversarial noise on {data.name}: {summary[N_CERTIFIED]} of {prof.n_seeds} seeds "
             f"certified, CCU bound violations {summary['ccu_bound_violations']}"
         )
         return AdversarialResult.load(directory)

@@ -33,6 +33,7 @@ import torch
 import ccu
 from ccu import evaluate as ev
 from ccu import lp
+from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED
 
 #: the l_inf radius of GOOD (Bitterwolf et al. 2020) and ProoD (Meinke et al. 2022)
 FIELD_EPS = {"grey": 0.3, "colour": 0.01}
@@ -121,14 +122,14 @@ def certify_sets(
         r = radius[ok]
         row = {
             "n": len(radius),
-            "n_certified": int(ok.sum()),
+            N_CERTIFIED: int(ok.sum()),
             "share_certified": float(ok.double().mean()),
             "radius": _quantiles(r),
             "inner_l2_radius": _quantiles(r / k2),
             "inner_linf_radius": _quantiles(r / kinf.upper),
         }
         if name != "test":
-            row["certified_auc"] = ev.strict_auc(conf_in, bound.numpy())
+            row[CERTIFIED_AUC] = ev.strict_auc(conf_in, bound.numpy())
             for p, eps_values, key in ((math.inf, eps_inf, "gauc_inf"), (2, eps_2, "gauc_2")):
                 bounds = lp_bounds(model, x, eps_values, p, batch)
                 row[key] = {
@@ -188,7 +189,7 @@ def run_guarantees(run, data, level: float = 1.1, ood_seed: int = 1, batch: int 
         note="bounds hold for the float64 model of the saved parameters; the box [0,1]^D is "
         "not used (the bound holds on the whole ball)",
     )
-    store.write_json(run.directory / "guarantees.json", out)
+    store.write_json(run.directory / store.GUARANTEES, out)
     return out
 
 
@@ -204,10 +205,10 @@ def summary_rows(guarantees: dict) -> list[dict]:
                 "set": name,
                 "n": s["n"],
                 "share_certified": s["share_certified"],
-                "median_radius": s["radius"]["q50"],
+                MEDIAN_RADIUS: s["radius"]["q50"],
                 "median_inner_l2": s["inner_l2_radius"]["q50"],
                 "median_inner_linf": s["inner_linf_radius"]["q50"],
-                "certified_auc": s.get("certified_auc"),
+                CERTIFIED_AUC: s.get(CERTIFIED_AUC),
                 "gauc_field_eps": g.get("gauc"),
             }
         )
@@ -241,12 +242,12 @@ def committed_guarantees(root=None) -> dict[str, dict]:
     import json
     from pathlib import Path
 
-    from ccu import report
+    from ccu import reference_results, report
 
-    base = Path(root or report.REFERENCE_RESULTS)
+    base = Path(root or reference_results.REFERENCE_RESULTS)
     out = {}
     for profile in report.reference_profiles(root):
-        for f in sorted((base / profile).glob("*/*.guarantees.json")):
+        for f in reference_results.guarantee_files(base / profile):
             g = json.loads(f.read_text())
             key = f"{f.name.split('.')[0]} {f.parent.name} ({profile})"
             out[key] = dict(g, profile=profile, run=f.parent.name)
@@ -315,15 +316,15 @@ def certificate_table(g: dict):
 
     df = pd.DataFrame(summary_rows(g)).set_index("set")
     df.index = [report.PAPER_OOD.get(n, n) if n != "test" else "test (in-dist.)" for n in df.index]
-    for col in ("share_certified", "certified_auc", "gauc_field_eps"):
+    for col in ("share_certified", CERTIFIED_AUC, "gauc_field_eps"):
         df[col] = 100 * df[col].astype(float)
     return df.rename(
         columns={
             "share_certified": "certified %",
-            "median_radius": "median R",
+            MEDIAN_RADIUS: "median R",
             "median_inner_l2": "median l2 radius",
             "median_inner_linf": "median linf radius",
-            "certified_auc": "certified AUC %",
+            CERTIFIED_AUC: "certified AUC %",
             "gauc_field_eps": f"GAUC % (linf {g.get('field_eps_inf')})",
         }
     )

@@ -1,11 +1,11 @@
 """Training objectives.
 
-:func:`ccu_loss` is the negative of the paper's maximum-likelihood objective eq. "loss1"::
+:func:`ccu_loss` is the negative of the paper's maximum-likelihood objective eq. (6)::
 
     (1/n_i) sum_i log p(y_i|x_i) + (lambda/n_o) sum_j (1/M) sum_m log p(m|z_j)
   + (1/n_i) sum_i log p(x_i)     + (lambda/n_o) sum_j log p(z_j)
 
-:func:`uniform_cross_entropy` is the out-distribution term of OE / ACET (and of eq. "loss1" for a
+:func:`uniform_cross_entropy` is the out-distribution term of OE / ACET (and of eq. (6) for a
 plain softmax model).
 """
 
@@ -21,7 +21,7 @@ from ccu.validation import check_labels, inputs_trusted
 
 @dataclass
 class LossTerms:
-    """The four terms of eq. "loss1" (each a mean log-likelihood) and the loss to minimise."""
+    """The four terms of eq. (6) (each a mean log-likelihood) and the loss to minimise."""
 
     loss: torch.Tensor
     in_class: torch.Tensor
@@ -38,7 +38,9 @@ class LossTerms:
 
 
 def ccu_loss(model: CCU, x_in: torch.Tensor, y_in: torch.Tensor, x_out: torch.Tensor) -> LossTerms:
-    """Negative eq. "loss1" on an in-batch (x_in, y_in) and an out-batch x_out."""
+    """Negative eq. (6) on an in-batch (x_in, y_in) and an out-batch x_out: the empirical
+    estimate of the expected log-likelihood eq. (5). Chapter *Training Base and CCU*
+    (``book/training.ipynb``)."""
     if y_in.ndim != 1 or y_in.shape[0] != x_in.shape[0]:
         raise ValueError(
             f"y_in must be a vector of {x_in.shape[0]} labels; got shape {tuple(y_in.shape)}."

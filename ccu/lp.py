@@ -1,6 +1,6 @@
 """l_2 and l_inf guarantees from CCU's Mahalanobis certificates (float64).
 
-The paper certifies balls of its own metric ``d(x, x0) = |C^{-1/2}(x - x0)|_2`` (eq. "Cov"),
+The paper certifies balls of its own metric ``d(x, x0) = |C^{-1/2}(x - x0)|_2`` (eq. (12)),
 computed as ``|(x - x0) W|_2`` with the whitening ``W = U Lambda^{-1/2}`` of
 :class:`ccu.Mahalanobis` (``W W^T = C^{-1}``). Certified OOD detection (GOOD, ProoD) states its
 guarantees over l_inf balls. Both directions need one number per norm, the operator norm

@@ -1,4 +1,4 @@
-"""The paper's Mahalanobis-type metric ``d(x, y) = |C^{-1/2}(x - y)|`` (eq. "Cov").
+"""The paper's Mahalanobis-type metric ``d(x, y) = |C^{-1/2}(x - y)|`` (eq. (12)).
 
 ``C`` is the covariance of (augmented) in-distribution data with its eigenvalues floored at
 ``floor * max eigenvalue`` so that it has full rank. Distances are computed in *whitened*
@@ -22,6 +22,8 @@ class Mahalanobis(nn.Module):
 
     Build it with :meth:`from_covariance` or :meth:`fit`; the constructor takes an already
     floored eigen-decomposition. The buffers move with ``.to(device)`` and ``.double()``.
+    ``C`` is eq. (12) of the paper; chapter *Corollary 1 and the certified radius*
+    (``book/corollary1.ipynb``).
     """
 
     def __init__(self, eigenvalues: torch.Tensor, eigenvectors: torch.Tensor):
@@ -56,7 +58,8 @@ class Mahalanobis(nn.Module):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_covariance(cls, C, floor: float = 1e-6) -> Mahalanobis:
-        """Eq. "Cov": ``C = sum_i max(lambda_i, floor * max_j lambda_j) u_i u_i^T``."""
+        """Eq. (12): ``C = sum_i max(lambda_i, floor * max_j lambda_j) u_i u_i^T`` (chapter
+        *Corollary 1 and the certified radius*, ``book/corollary1.ipynb``)."""
         C = as_tensor(C, "C", dtype=torch.float64)
         if C.ndim != 2 or C.shape[0] != C.shape[1]:
             raise ValueError(f"C must be a square (D, D) matrix; got shape {tuple(C.shape)}.")

@@ -1,6 +1,6 @@
 """The CCU model: a classifier calibrated by in- and out-distribution densities.
 
-Eq. after "loss1" of the paper::
+Eq. (7) of the paper (the form of eqs. (1)-(3))::
 
     p(y|x) = ( p(y|x,i) p(x|i) + (lambda / M) p(x|o) ) / ( p(x|i) + lambda p(x|o) )
     p(x)   = ( p(x|i) + lambda p(x|o) ) / (1 + lambda)
@@ -35,6 +35,9 @@ class CCU(nn.Module):
 
     ``classifier`` maps a batch (N, ...) to logits (N, M). Both densities must share one metric
     (the balls of Corollary 1 are balls of that metric).
+
+    The model of eqs. (1)-(3) and (7) of the paper; book chapter *Two moons*
+    (``book/two_moons.ipynb``).
     """
 
     def __init__(
@@ -125,7 +128,8 @@ class CCU(nn.Module):
         return log_py, den
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``log p(y|x)``, (N, M)."""
+        """``log p(y|x)``, (N, M): eqs. (1)-(3) with ``lambda`` as in eq. (7) (chapter *Two
+        moons*, ``book/two_moons.ipynb``)."""
         return self.log_probs_and_marginal(x)[0]
 
     def log_probs_and_marginal(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +145,8 @@ class CCU(nn.Module):
         return log_py, log_px, log_softmax
 
     def log_marginal(self, x: torch.Tensor) -> torch.Tensor:
-        """``log p(x) = log((p(x|i) + lambda p(x|o)) / (1 + lambda))``, (N,)."""
+        """``log p(x) = log((p(x|i) + lambda p(x|o)) / (1 + lambda))``, (N,): eq. (7) (chapter
+        *Two moons*, ``book/two_moons.ipynb``)."""
         return self.log_probs_and_marginal(x)[1]
 
     @torch.no_grad()
@@ -203,7 +208,8 @@ class CCU(nn.Module):
         return self.constraint_gap() > 0
 
     def check_constraint(self) -> None:
-        """Raise :class:`ConstraintError` unless ``min theta > max sigma``."""
+        """Raise :class:`ConstraintError` unless ``min theta > max sigma`` (Theorem 3.1's
+        assumption; chapter *Theorem 1, numerically*, ``book/theorem1.ipynb``)."""
         if not self.constraint_holds():
             gin, gout = self._scales()
             theta = math.exp(0.5 * float(gout.log_variance_range()[0]))

@@ -73,7 +73,8 @@ def plot_confidence_maps(
 
     ``models`` maps a title to a confidence function (batch (N, 2) -> (N,)); ``predictors``
     optionally maps the same titles to class predictions, drawn as the decision boundary (white).
-    Returns the figure and a dict ``{(title, extent): grid of confidences}``.
+    Returns the figure and a dict ``{(title, extent): grid of confidences}``. Chapter *Two
+    moons* (``book/two_moons.ipynb``).
     """
     if data.train_x.shape[1:] != (2,):
         raise ValueError(
@@ -232,6 +233,7 @@ def plot_radius_histograms(radii: dict, bins: int = 20, sharex: bool = False):
     ``radii`` maps a panel title (dataset and run) to an array of radii; NaN entries (points the
     library could not certify) are counted in the panel title, not drawn. ``sharex=True``: one
     x-axis (and the same bins) for all panels, for runs on the same data that are compared.
+    Chapter *Adversarial noise* (``book/adversarial_noise.ipynb``).
     """
     fig, axes = plt.subplots(
         1, len(radii), figsize=(4.2 * len(radii), 3.2), squeeze=False, sharex=sharex
@@ -274,6 +276,7 @@ def plot_worst_cases(rows: list[dict], methods=None):
 
     ``rows``: dicts with ``label`` (the row's name), ``seed`` (the image, (C, H, W)) and ``worst``
     (``{method: (image, score)}``); a method missing from a row leaves its panel empty.
+    Chapter *Adversarial noise* (``book/adversarial_noise.ipynb``).
     """
     from ccu.methods import ordered  # the paper's column order
 
@@ -303,7 +306,7 @@ def plot_worst_cases(rows: list[dict], methods=None):
 def plot_history(histories: dict):
     """Training loss and accuracy per epoch, one line per method (``{method: history dict}``).
 
-    CCU's objective (eq. (6), "loss1") adds the log-likelihood of the densities to the classifier's terms, so
+    CCU's objective (eq. (6)) adds the log-likelihood of the densities to the classifier's terms, so
     its loss is of another kind and scale (hundreds of nats below zero on images) than the other
     methods' cross-entropies: ``CCU`` and ``CCU-<family>`` get a loss panel of their own."""
     runs = {m: h for m, h in histories.items() if h}

@@ -15,12 +15,12 @@ import pandas as pd
 
 from ccu.data import OOD_SETS, REGISTRY
 from ccu.methods import ordered
+from ccu.reference_results import REFERENCE_RESULTS, load_reference  # noqa: F401 - re-exported
 
 #: registry names -> the paper's dataset names, and OOD set names -> the paper's column names
 #: (both read from the dataset and OOD-set records of :mod:`ccu.data`)
 PAPER_DATASET = {n: s.paper_name for n, s in REGISTRY.items() if s.paper_name is not None}
 PAPER_OOD = {n: s.paper_name for n, s in OOD_SETS.items()}
-REFERENCE_RESULTS = Path(__file__).resolve().parents[1] / "reference-results"
 
 
 def paper_table(name: str) -> pd.DataFrame:
@@ -41,6 +41,9 @@ def _acet2_paper(table: str, key_col: str, dataset: str, key: str) -> float:
 
 def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> pd.DataFrame:
     """Table 2 (``auroc``) or the AUPR table (``aupr_in``) rows for ``dataset``.
+
+    The paper's Table 2 and Table 6 (AUPR), ACET2's values from Table 4; chapter *OOD
+    detection* (``book/ood_detection.ipynb``).
 
     ``metrics`` maps a method to its ``metrics.json``. Columns: (method, ours | paper). Rows are
     the dataset's OOD sets; one that could not be loaded (e.g. a download-only set offline) has
@@ -83,7 +86,10 @@ def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> 
 
 
 def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
-    """Table 1 rows (TE, SR, AUC in percent) for ``dataset``, ours beside the paper's."""
+    """Table 1 rows (TE, SR, AUC in percent) for ``dataset``, ours beside the paper's.
+
+    ACET2's values from the paper's Table 5; chapter *Adversarial noise*
+    (``book/adversarial_noise.ipynb``)."""
     paper = paper_table("table1_adversarial_noise")
     paper = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
     data = {}
@@ -100,7 +106,9 @@ def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
 
 
 def p_stats_row(ccu_metrics: dict, dataset: str, n_test: int) -> pd.DataFrame:
-    """The appendix P_Stats row: CCU's lowest test confidence and how many are below 1.1/M."""
+    """The appendix P_Stats row: CCU's lowest test confidence and how many are below 1.1/M.
+
+    The paper's Table 3; chapter *Adversarial noise* (``book/adversarial_noise.ipynb``)."""
     paper = paper_table("table_p_stats")
     p = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
     n_below = ccu_metrics["n_below_1.1_over_M"]
@@ -117,24 +125,6 @@ def p_stats_row(ccu_metrics: dict, dataset: str, n_test: int) -> pd.DataFrame:
             "% < 1.1/M": float(p["pct_below_1.1_over_M"].iloc[0]),
         }
     return pd.DataFrame(rows).T.round(2)
-
-
-def load_reference(profile: str, dataset: str, root: Path | None = None) -> dict:
-    """Committed reference results: {"metrics": {method: ...}, "config": {...}, "table1": ...}."""
-    d = Path(root or REFERENCE_RESULTS) / profile / dataset
-    if not d.is_dir():
-        raise FileNotFoundError(
-            f"no reference results for profile {profile!r} and dataset {dataset!r} in {d}; "
-            "produce them with tools/reference_run.py."
-        )
-    out = {"metrics": {}, "config": {}, "directory": d}
-    for f in sorted(d.glob("*.metrics.json")):
-        out["metrics"][f.name.split(".")[0]] = json.loads(f.read_text())
-    for f in sorted(d.glob("*.config.json")):
-        out["config"][f.name.split(".")[0]] = json.loads(f.read_text())
-    if (d / "table1.json").exists():
-        out["table1"] = json.loads((d / "table1.json").read_text())
-    return out
 
 
 def reference_runs(profile: str, root: Path | None = None) -> dict[str, dict]:

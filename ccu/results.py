@@ -93,6 +93,25 @@ CONFIG_DEFAULTS = {"precision": "float32"}
 #: the field of config.json that holds the sha256 of the rest of it
 CONFIG_CHECKSUM = "config_sha256"
 
+# the file names of the store, spelled here only (the layout above)
+#: one method's run: its config (written last), weights, per-sample scores and metrics
+CONFIG, MODEL, SCORES, METRICS = "config.json", "model.pt", "scores.npz", "metrics.json"
+#: the workflow's markers beside a run: trained (``ccu train``) and evaluated (``ccu evaluate``)
+TRAINED, EVALUATION = "trained.json", "evaluation.json"
+#: certificates around the OOD test sets and the guaranteed AUC (:mod:`ccu.guarantees`)
+GUARANTEES = "guarantees.json"
+#: the wall times of ``ccu run`` for one (profile, dataset, seed)
+RUN_TIMES = "run_times.json"
+#: the adversarial-noise experiment: its summary (Table 1, written last) and its arrays
+TABLE1, ADVERSARIAL = "table1.json", "adversarial.npz"
+
+
+def attack_files(directory: Path, method: str) -> tuple[Path, Path]:
+    """``attack.<method>.json`` (key and row, written last) and ``attack.<method>.npz`` (worst
+    points and scores): one method's finished attack in an adversarial folder."""
+    directory = Path(directory)
+    return directory / f"attack.{method}.json", directory / f"attack.{method}.npz"
+
 
 class CorruptResultError(ValueError):
     """A result file cannot be read or does not match the config that vouches for it."""
@@ -145,7 +164,10 @@ def _corrupt(path: Path, exc: Exception | str) -> CorruptResultError:
 
 
 # ------------------------------------------------------------------------- atomic files
-def _atomic_bytes(path: Path, data: bytes) -> None:
+def atomic_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``: a killed process
+    leaves the old file or the new one, never half of one (parents are created)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
@@ -153,6 +175,9 @@ def _atomic_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+_atomic_bytes = atomic_bytes  # the earlier, private name
 
 
 def _json_default(o):
@@ -166,7 +191,7 @@ def _json_default(o):
 
 
 def write_json(path: Path, obj) -> None:
-    _atomic_bytes(Path(path), json.dumps(obj, indent=2, default=_json_default).encode())
+    atomic_bytes(Path(path), json.dumps(obj, indent=2, default=_json_default).encode())
 
 
 def read_json(path: Path) -> dict:
@@ -207,7 +232,7 @@ def read_config(path: Path) -> dict:
 def write_npz(path: Path, **arrays) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    _atomic_bytes(Path(path), buf.getvalue())
+    atomic_bytes(Path(path), buf.getvalue())
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -222,7 +247,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
 def write_torch(path: Path, obj) -> None:
     buf = io.BytesIO()
     torch.save(obj, buf)
-    _atomic_bytes(Path(path), buf.getvalue())
+    atomic_bytes(Path(path), buf.getvalue())
 
 
 def read_torch(path: Path, map_location=None):
@@ -256,8 +281,14 @@ def config_key(config: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def same_config(a: dict, b: dict) -> bool:
-    return config_key(a) == config_key(b)
+def same_config(a: dict, b: dict, keys=CONFIG_KEYS) -> bool:
+    """Whether two configs name the same run: the same :func:`config_key`, or with ``keys`` (a
+    part of :data:`CONFIG_KEYS`) the same values of those fields alone (of the profile, the
+    training fields)."""
+    if tuple(keys) == CONFIG_KEYS:
+        return config_key(a) == config_key(b)
+    fa, fb = _key_fields(a), _key_fields(b)
+    return all(fa[k] == fb[k] for k in keys)
 
 
 def config_differences(saved: dict, wanted: dict) -> list[str]:
@@ -301,11 +332,11 @@ def locked(directory: Path, what: str = "results"):
 class MethodStore:
     """The files of one method's run (see the module docstring); use under :func:`locked`."""
 
-    FINAL = ("model.pt", "scores.npz", "metrics.json")
+    FINAL = (MODEL, SCORES, METRICS)
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self.config_path = self.directory / "config.json"
+        self.config_path = self.directory / CONFIG
         self.pending_path = self.directory / "config.pending.json"
         self.checkpoint = self.directory / "checkpoint.pt"
 
@@ -332,8 +363,8 @@ class MethodStore:
     def load(self, config: dict, map_location=None):
         """``(model state, scores, metrics)`` of the complete run vouched for by ``config``."""
         self.verify(config)
-        state = read_torch(self.path("model.pt"), map_location)
-        return state, read_npz(self.path("scores.npz")), read_json(self.path("metrics.json"))
+        state = read_torch(self.path(MODEL), map_location)
+        return state, read_npz(self.path(SCORES)), read_json(self.path(METRICS))
 
     def check_no_other_run(self, config: dict) -> None:
         """:class:`ResultConflictError` when this folder holds a finished run of a configuration
@@ -350,7 +381,7 @@ class MethodStore:
 
     def clear(self) -> None:
         """Remove the run's files (retrain): config first, so no partial set ever looks complete."""
-        for name in ("config.json", *self.FINAL, "checkpoint.pt", "config.pending.json"):
+        for name in (CONFIG, *self.FINAL, "checkpoint.pt", "config.pending.json"):
             self.path(name).unlink(missing_ok=True)
 
     def start_training(self, config: dict) -> None:
@@ -371,9 +402,9 @@ class MethodStore:
         """Write the run: the old config.json goes first and the new one, listing every file's
         sha256, last. Returns the config as written."""
         self.config_path.unlink(missing_ok=True)
-        write_torch(self.path("model.pt"), state)
-        write_npz(self.path("scores.npz"), **scores)
-        write_json(self.path("metrics.json"), metrics)
+        write_torch(self.path(MODEL), state)
+        write_npz(self.path(SCORES), **scores)
+        write_json(self.path(METRICS), metrics)
         config = dict(config, files={n: sha256(self.path(n)) for n in self.FINAL})
         config = write_config(self.config_path, config)
         self.pending_path.unlink(missing_ok=True)

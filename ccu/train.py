@@ -1,4 +1,4 @@
-"""One training loop for plain classifiers (Base: cross-entropy) and CCU (eq. "loss1").
+"""One training loop for plain classifiers (Base: cross-entropy) and CCU (eq. (6)).
 
 Equal in- and out-batches (128 + 128 in the paper), seeded, no sample dropped; GMM parameters
 get their own learning rate and no weight decay; learning rates x0.1 at the milestones; for CCU
@@ -12,7 +12,7 @@ The pipeline is device-resident (:class:`ccu.data.loaders.PairedLoader`): the da
 device, batches are gathered and augmented there, and the loss, accuracy and constraint gaps
 accumulate on the device and are read once per epoch, so a GPU never waits for the host within
 an epoch. Optional: ``precision="bf16"`` (autocast for the classifier only: the densities, the
-log-space mixing of eq. "loss1" and every certificate stay in float32/float64),
+log-space mixing of eq. (6) and every certificate stay in float32/float64),
 ``channels_last`` and ``compile`` (``torch.compile`` of the classifier).
 """
 
@@ -77,7 +77,9 @@ ccu_objective = _CCUObjective()
 
 
 class Trainer:
-    """Fits a ``ccu.CCU`` (eq. "loss1") or any classifier returning logits (cross-entropy)."""
+    """Fits a ``ccu.CCU`` (eq. (6)) or any classifier returning logits (cross-entropy).
+
+    Chapter *Training Base and CCU* (``book/training.ipynb``)."""
 
     def __init__(
         self,
@@ -129,7 +131,7 @@ class Trainer:
         RNG states are saved after every epoch, and a run finding that file resumes from it:
         a killed run ends with the same weights as an uninterrupted one (on the CPU).
 
-        ``objective`` (default: eq. "loss1" for a CCU model, cross-entropy otherwise) maps
+        ``objective`` (default: eq. (6) for a CCU model, cross-entropy otherwise) maps
         ``(model, x_in, y_in, x_out, epoch)`` to ``(loss, logits of x_in)``; its attribute
         ``uses_out`` says whether it needs out-batches."""
         model.to(self.device).train()

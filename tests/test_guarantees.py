@@ -10,9 +10,10 @@ import torch
 from helpers import random_ccu
 
 import ccu
-from ccu import cli, guarantees, lp
+from ccu import cli, guarantees, lp, steps
 from ccu import evaluate as ev
 from ccu import results as store
+from ccu.records import RunSpec
 
 TINY = {"epochs": 1, "n_train": 300, "n_seeds": 4, "attack_steps": 2, "attack_restarts": 1}
 
@@ -115,4 +116,4 @@ def test_a_ccu_family_gets_its_own_guarantees(tmp_path):
     g = guarantees.run_guarantees(run, data)
     assert g["method"] == "CCU-diag" and (run.directory / "guarantees.json").exists()
     assert g["sets"]["uniform"]["share_certified"] > 0.5
-    assert cli.guarantees_one("digits", "Base", prof, 0, "cpu", tmp_path) is None
+    assert steps.guarantees_one(RunSpec("digits", "Base", prof, 0, "cpu"), tmp_path) is None

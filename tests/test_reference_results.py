@@ -125,7 +125,7 @@ def test_committed_results_name_no_machine_paths():
 
 
 def test_the_reference_writer_records_paths_relative_to_the_data_root():
-    from ccu import cli
+    from ccu import reference_results
     from ccu.data.sources import data_root, mirror_dirs
 
     mirror = mirror_dirs()[-1]
@@ -137,7 +137,7 @@ def test_the_reference_writer_records_paths_relative_to_the_data_root():
         "ood": {"emnist": {"skipped": f"EMNIST (test) is not in {data_root()} and ..."}},
         "n": [1, 2.5, None],
     }
-    out = cli._without_machine_paths(config)
+    out = reference_results.without_machine_paths(config)
     assert out["data_sources"]["source"] == (
         "offline mirror mnist (the official files), unpacked to MNIST/raw and read by "
         "torchvision.datasets.MNIST"

@@ -11,7 +11,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from ccu import cli, config
+from ccu import cli, config, steps
 from ccu import deadline as time_box
 from ccu import results as store
 from ccu.deadline import Deadline, StopForTime
@@ -105,10 +105,10 @@ def test_a_stop_inside_training_is_caught_and_its_time_kept(tmp_path, monkeypatc
     """What the trainer's ``deadline.check`` raises after a saved epoch reaches the CLI: exit 75
     and the message; the attempt's time is kept for the method's wall time."""
 
-    def stopped(dataset, method, *a, **k):
+    def stopped(spec, *a, **k):
         raise StopForTime("after 3 of 100; the next would end past the deadline")
 
-    monkeypatch.setattr(cli, "train_one", stopped)
+    monkeypatch.setattr(steps, "train_one", stopped)
     assert _run(tmp_path / "r", tmp_path / "ref", "--stop-after", "500") == cli.EXIT_STOPPED
     err = capsys.readouterr().err
     assert "stopped for time (after 3 of 100" in err and cli.STOPPED_MESSAGE in err
@@ -157,14 +157,14 @@ def test_a_run_stopped_between_methods_resumes_to_the_same_files(tmp_path, monke
     _run(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
     clock = FakeClock()
     monkeypatch.setattr(time_box, "clock", clock)
-    train_one = cli.train_one
+    train_one = steps.train_one
 
     def slow(*a, **k):  # each method trained (not loaded) takes 100 s of the fake clock
         stamp = train_one(*a, **k)
         clock.t += 0 if stamp["loaded"] else 100
         return stamp
 
-    monkeypatch.setattr(cli, "train_one", slow)
+    monkeypatch.setattr(steps, "train_one", slow)
     res, ref = tmp_path / "boxed" / "res", tmp_path / "boxed" / "ref"
     # CCU, stop before Base; Base, stop before the attack; the attack and the copy
     assert _calls_until_done(res, ref) == [75, 75, 0]

@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 
 from ccu import experiment as E
+from ccu import reference_results as reference
 from ccu import report
 from ccu import results as store
-from ccu.cli import EXIT_CORRUPT, EXIT_MISSING, EXIT_USAGE, current_commit
+from ccu.cli import EXIT_CORRUPT, EXIT_MISSING, EXIT_USAGE
 from ccu.config import get_profile
 from ccu.data import DataNotFoundError, load_dataset
 from ccu.methods import get_method
@@ -62,7 +63,7 @@ def parse_args(argv=None):
 
 def output_dir(args, profile_name: str) -> Path:
     """Where the comparison goes: reference results only when asked for."""
-    base = ROOT / "reference-results" if args.reference else store.root_dir(args.results)
+    base = reference.REFERENCE_RESULTS if args.reference else store.root_dir(args.results)
     return base / "densities" / profile_name / args.dataset
 
 
@@ -89,11 +90,10 @@ def compare(args, prof) -> Path:
     adv = E.adversarial_noise(runs, data, prof, args.seed, root=root)
     out = output_dir(args, prof.name)
     out.mkdir(parents=True, exist_ok=True)
-    commit = current_commit()
+    commit = reference.current_commit()
     for name, run in runs.items():
         cfg = dict(run.config, commit=commit, device=args.device)
-        (out / f"{name}.config.json").write_text(json.dumps(cfg, indent=2, default=str))
-        (out / f"{name}.metrics.json").write_text(json.dumps(run.metrics, indent=2))
+        reference.write_method(out, name, cfg, run.metrics)
     table1 = dict(
         adv.summary,
         commit=commit,
@@ -101,11 +101,11 @@ def compare(args, prof) -> Path:
         device=args.device,
         torch_version=torch.__version__,
     )
-    (out / "table1.json").write_text(json.dumps(table1, indent=2))
+    reference.write_table1(out, table1)
     table = report.density_comparison(
         {m: r.metrics for m, r in runs.items()}, table1, {m: r.config for m, r in runs.items()}
     )
-    table.to_csv(out / "comparison.csv")
+    reference.write_comparison(out, table)
     print(table.to_string())
     print(f"[ccu] comparison written to {out}", file=sys.stderr)
     return out

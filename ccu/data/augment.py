@@ -1,7 +1,7 @@
 """Augmentation per the paper (appendix "Data Augmentation") and the metric's augmented sample.
 
 Random crops with padding 2 (MNIST-like, zero fill) or 4 (SVHN: edge fill; CIFAR: reflection),
-random horizontal flips on CIFAR. The covariance of eq. "Cov" is computed on augmented samples
+random horizontal flips on CIFAR. The covariance of eq. (12) is computed on augmented samples
 drawn from the training set without replacement (60,000 / 50,000 in the paper).
 
 Which scheme a dataset uses is part of its registry record (``DatasetSpec.augmentation``); the
@@ -139,7 +139,7 @@ def augmented_sample(
 
 
 def covariance_sample(data, settings, seed: int = 0) -> torch.Tensor:
-    """The data for the metric's covariance (eq. "Cov"): ``settings.n_covariance`` augmented
+    """The data for the metric's covariance (eq. (12)): ``settings.n_covariance`` augmented
     training images (the paper: 60,000 for MNIST/FMNIST, 50,000 for SVHN/CIFAR), or the plain
     training set when the settings do not augment."""
     if not settings.augment:

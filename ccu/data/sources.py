@@ -31,7 +31,7 @@ from filelock import FileLock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: sha256 of the offline mirror files (from ../shared/data/README.md).
+#: sha256 of the offline mirror files (the mirror's own README lists them; see data/README.md).
 MIRROR_FILES: dict[str, str] = {
     "mnist/t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
     "mnist/t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",

@@ -1,4 +1,4 @@
-"""CCU as a method: the classifier inside the CCU model, trained with eq. "loss1".
+"""CCU as a method: the classifier inside the CCU model, trained with eq. (6).
 
 ``CCU`` uses the paper's spherical Gaussian mixtures; ``CCU-<family>`` any registered density
 family (``CCU-diag``: :class:`ccu.DiagonalGaussianMixture`; a family registered in a notebook with

@@ -1,7 +1,7 @@
 """Methods trained from scratch: OE, ACET (and ACET2), MCD, EDL and DE.
 
-Hyperparameters follow ``shared/docs/protocol.md``; where the CCU paper is silent, each method's
-own paper decides (noted per class).
+Hyperparameters follow the paper's Appendix C (:mod:`ccu.config`); where the CCU paper is
+silent, each method's own paper decides (noted per class).
 """
 
 from __future__ import annotations
@@ -122,7 +122,10 @@ class ACETMethod(BaseMethod):
 
 @register_method
 class ACET2Method(ACETMethod):
-    """ACET2 (the paper's appendix): ACET with the attack's seeds drawn from uniform noise."""
+    """ACET2 (the paper's appendix): ACET with the attack's seeds drawn from uniform noise.
+
+    The paper's Table 4 (OOD detection, chapter *OOD detection*, ``book/ood_detection.ipynb``) and
+    Table 5 (adversarial noise, chapter *Adversarial noise*, ``book/adversarial_noise.ipynb``)."""
 
     name = "ACET2"
     from_noise = True

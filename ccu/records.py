@@ -1,0 +1,163 @@
+"""The records the steps pass around: one owner per concept.
+
+* :class:`TrainerOptions`: :class:`ccu.Trainer`'s speed options (``precision``, ``channels_last``,
+  ``compile``), one record from the command line to the method instead of three loose arguments.
+* :class:`RunSpec`: what names one method's run (dataset, method, profile, seed, device and the
+  trainer options): its config dict (the identity written to ``config.json``) and its key
+  (:func:`ccu.results.config_key`). Whether a saved run matches one asked for is decided by
+  :func:`ccu.results.same_config` alone.
+* The keys of the adversarial-noise summary (``table1.json``, Table 1 of the paper) and of the
+  certificates' rows (:mod:`ccu.guarantees`), spelled once here: :data:`N_CERTIFIED`,
+  :data:`CERTIFIED_AUC`, :data:`MEDIAN_RADIUS`, ...
+* :class:`AttackSummary`: the headline of one ``table1.json`` as a frozen record, read with
+  :meth:`AttackSummary.from_json` and written back unchanged with :meth:`AttackSummary.to_json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ccu.config import Profile
+    from ccu.data import Dataset
+
+# ----------------------------------------------------------------------------- summary keys
+#: noise seeds drawn for Table 1 (the paper: 200 per dataset)
+N_SEEDS = "n_seeds"
+#: seeds whose CCU bound at ``R = 0`` is below the level ``1.1 / M``: they get a certified ball
+N_CERTIFIED = "n_certified"
+#: seeds without a certified ball (not attacked, counted apart)
+N_UNCERTIFIED = "n_uncertified"
+#: the strict AUC of in-distribution confidences against CCU's guaranteed upper bounds
+#: (Corollary 1, eq. (8)); uncertified seeds count as failures
+CERTIFIED_AUC = "certified_auc"
+#: the median certified radius over the certified seeds (Table 1's "radius")
+MEDIAN_RADIUS = "median_radius"
+#: float64 bound violations of CCU's worst points (any is a false certificate)
+CCU_BOUND_VIOLATIONS = "ccu_bound_violations"
+#: per method: TE, SR, AUC of Table 1 and the attack's checks
+METHODS = "methods"
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    """:class:`ccu.Trainer`'s speed options. ``precision`` (``"float32"`` or ``"bf16"``: the
+    classifier under bfloat16 autocast while training) is part of a run's config;
+    ``channels_last`` and ``compile`` change only how fast it trains."""
+
+    precision: str = "float32"
+    channels_last: bool = False
+    compile: bool = False
+
+    def as_kwargs(self) -> dict:
+        """``{"precision": ..., "channels_last": ..., "compile": ...}`` for a method or
+        :class:`ccu.Trainer`."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One method's run: ``method`` trained on ``dataset`` with ``profile`` (a
+    :class:`ccu.Profile`) and ``seed`` on ``device``, with the trainer's ``options``."""
+
+    dataset: str
+    method: str
+    profile: Profile
+    seed: int = 0
+    device: str = "cpu"
+    options: TrainerOptions = field(default_factory=TrainerOptions)
+
+    def with_method(self, method: str) -> RunSpec:
+        """The same run of another method (its Base, or the next method of a seed)."""
+        return RunSpec(self.dataset, method, self.profile, self.seed, self.device, self.options)
+
+    def config(self, data: Dataset, method=None) -> dict:
+        """The run's config as ``config.json`` records it: the fields that name the run (the
+        profile, the training settings, the data's checksum and sources, the library version)
+        and, given the built ``method`` (a :class:`ccu.methods.Method`), its network, the
+        trainer options it applies and its own extra fields."""
+        import torch
+
+        import ccu
+        from ccu.config import train_settings
+
+        out = {
+            "dataset": self.dataset,
+            "method": self.method,
+            "profile": self.profile.as_dict(),
+            "settings": asdict(train_settings(self.dataset)),
+            "seed": self.seed,
+            "ccu_version": ccu.__version__,
+            "torch_version": torch.__version__,
+            "data_checksum": data.checksum(),
+            "dataset_description": data.spec.description,
+            "data_sources": data.info,  # in-data files, out-distribution files and count
+            "out_distribution": data.out_description,
+            "ood_sets": list(data.spec.ood_sets),
+        }
+        if method is not None:
+            out.update(
+                network=method.network_kind(),
+                precision=method.trainer_options["precision"],
+                trainer_options=method.trainer_options,
+                **method.extra_config(),
+            )
+        return out
+
+    def key(self, data: Dataset, method=None) -> str:
+        """The digest that decides whether a saved run is this one
+        (:func:`ccu.results.config_key` of :meth:`config`)."""
+        from ccu import results as store
+
+        return store.config_key(self.config(data, method))
+
+    def identity(self) -> dict:
+        """The fields known before the data is loaded (dataset, method, profile, seed): what a
+        step reading a saved run compares with :func:`ccu.results.same_config` (``keys=``)."""
+        return {
+            "dataset": self.dataset,
+            "method": self.method,
+            "profile": self.profile.as_dict(),
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True)
+class AttackSummary:
+    """The headline of the adversarial-noise experiment (``table1.json``; Table 1 of the paper):
+    how many of ``n_seeds`` noise points got a certified ball, their median radius, the certified
+    AUC and CCU's bound violations. ``fields`` keeps the whole JSON object, so that
+    :meth:`to_json` gives back exactly what :meth:`from_json` read."""
+
+    n_seeds: int
+    n_certified: int
+    median_radius: float
+    certified_auc: float
+    ccu_bound_violations: int | None
+    fields: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> AttackSummary:
+        return cls(
+            obj[N_SEEDS],
+            obj[N_CERTIFIED],
+            obj[MEDIAN_RADIUS],
+            obj[CERTIFIED_AUC],
+            obj.get(CCU_BOUND_VIOLATIONS),
+            dict(obj),
+        )
+
+    def to_json(self) -> dict:
+        out = dict(self.fields)
+        out.update(
+            {
+                N_SEEDS: self.n_seeds,
+                N_CERTIFIED: self.n_certified,
+                MEDIAN_RADIUS: self.median_radius,
+                CERTIFIED_AUC: self.certified_auc,
+            }
+        )
+        if self.ccu_bound_violations is not None:
+            out[CCU_BOUND_VIOLATIONS] = self.ccu_bound_violations
+        return out

@@ -1,0 +1,391 @@
+"""The steps of the experiments, each once, over a :class:`ccu.records.RunSpec`: what the
+command line (:mod:`ccu.cli`) and the Snakemake workflow run.
+
+* :func:`train_one`: train (or load) one method and score the test and OOD sets; writes
+  ``trained.json``, the workflow's marker.
+* :func:`evaluate_one`: OOD metrics (AUROC, AUPR, FPR@95) recomputed from the saved scores and
+  checked against ``metrics.json``; writes ``evaluation.json``.
+* :func:`guarantees_one`: certificates around the OOD test sets and the guaranteed AUC
+  (:mod:`ccu.guarantees`) of a certifying method (CCU, CCU-<family>).
+* :func:`attack_dataset`: certify CCU's balls around uniform noise and attack every method in
+  them (Table 1 of the paper, :func:`ccu.experiment.adversarial_noise`).
+* :func:`run_seed`: all of these for one (dataset, seed), as ``ccu run`` does, with
+  :class:`TimeBox` (``--stop-after``'s stops) and :class:`RunTimes` (the wall times over calls);
+  :func:`run_all` for every dataset and seed, then the tables.
+
+The reference copy is :func:`ccu.reference_results.write_reference`; where the files live is
+:mod:`ccu.results`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ccu.checks import MissingError, UsageError
+from ccu.experiment import log
+from ccu.records import RunSpec, TrainerOptions
+from ccu.reference_results import current_commit  # noqa: F401 - provenance, part of this API
+
+
+def load_data(spec: RunSpec):
+    """The run's dataset: ``spec.dataset`` drawn with ``spec.seed``, cut to the profile's
+    ``n_train``."""
+    from ccu.data import load_dataset
+
+    return load_dataset(spec.dataset, seed=spec.seed).subset(spec.profile.n_train)
+
+
+def device_name(device: str) -> str:
+    """The GPU's name for a CUDA device, ``"cpu"`` otherwise."""
+    import torch
+
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+
+
+def _run(spec: RunSpec, root=None, data=None):
+    from ccu import experiment
+
+    return experiment.run_method(
+        spec.dataset, spec.method, spec.profile, spec.seed, spec.device, data=data, root=root,
+        options=spec.options,
+    )  # fmt: skip
+
+
+def train_one(spec: RunSpec, root=None, data=None) -> dict:
+    """Train (or load) one method; writes ``trained.json`` (the workflow's marker) and returns
+    it."""
+    from ccu import results as store
+
+    start = time.perf_counter()
+    run = _run(spec, root, data)
+    stamp = {
+        "dataset": spec.dataset,
+        "method": spec.method,
+        "profile": spec.profile.name,
+        "seed": spec.seed,
+        "device": spec.device,
+        "device_name": device_name(spec.device),
+        "loaded": run.loaded,
+        "seconds": time.perf_counter() - start,
+        "files": run.config.get("files", {}),
+        "test_error": run.metrics["test_error"],
+    }
+    store.write_json(run.directory / store.TRAINED, stamp)
+    return stamp
+
+
+def saved_run(spec: RunSpec, root=None):
+    """The complete saved run's ``(config, scores, metrics, files)``; :class:`MissingError` when
+    there is none or it was made with another profile or seed."""
+    from ccu import results as store
+
+    prof, seed = spec.profile, spec.seed
+    files = store.MethodStore(store.method_dir(prof, spec.dataset, spec.method, root, seed))
+    config = files.saved_config()
+    if config is None:
+        raise MissingError(
+            f"{spec.method} on {spec.dataset} (profile {prof.name}, seed {seed}) is not trained: "
+            f"no {files.config_path}. Run `ccu train --dataset {spec.dataset} --method "
+            f"{spec.method} --seed {seed} --profile {prof.base}`"
+            + (" with the same --overrides" if prof.label != prof.base else "")
+            + " first."
+        )
+    if not store.same_config(config, spec.identity(), keys=("profile", "seed")):
+        raise MissingError(
+            f"the saved run in {files.directory} was made with another profile or seed "
+            f"({config.get('profile', {}).get('name')}, seed {config.get('seed')}); retrain it "
+            "with `ccu train` and the same --profile/--overrides/--seed."
+        )
+    files.verify(config)
+    return (
+        config,
+        store.read_npz(files.path(store.SCORES)),
+        store.read_json(files.path(store.METRICS)),
+        files,
+    )
+
+
+def evaluate_one(spec: RunSpec, root=None) -> dict:
+    """OOD metrics recomputed from the saved per-sample scores, checked against ``metrics.json``;
+    writes ``evaluation.json`` beside the run and returns it."""
+    from ccu import evaluate as ev
+    from ccu import results as store
+
+    config, scores, metrics, files = saved_run(spec, root)
+    out = {
+        "dataset": spec.dataset,
+        "method": spec.method,
+        "seed": spec.seed,
+        "profile": spec.profile.name,
+        "test_error": metrics["test_error"],
+        "ood": {},
+    }
+    for name, saved in metrics["ood"].items():
+        if "skipped" in saved:
+            out["ood"][name] = saved
+            continue
+        if name not in scores:
+            raise store.CorruptResultError(
+                f"{files.path(store.SCORES)} lacks the scores of {name!r} that "
+                f"{store.METRICS} reports; delete {files.directory} to recompute."
+            )
+        again = ev.ood_metrics(scores["test"], scores[name])
+        for key, value in again.items():
+            if key in saved and abs(saved[key] - value) > 1e-9:
+                raise store.CorruptResultError(
+                    f"{files.path(store.METRICS)}: {name} {key} is {saved[key]}, but the saved "
+                    f"scores give {value}; delete {files.directory} to recompute."
+                )
+        out["ood"][name] = dict(again, mean_max_confidence=saved.get("mean_max_confidence"))
+    aurocs = [v["auroc"] for v in out["ood"].values() if "auroc" in v]
+    out["mean_auroc"] = sum(aurocs) / len(aurocs) if aurocs else float("nan")
+    store.write_json(files.directory / store.EVALUATION, out)
+    return out
+
+
+def guarantees_one(spec: RunSpec, root=None, data=None):
+    """Certificates around every OOD test set and CCU's guaranteed AUC (GAUC) at GOOD's /
+    ProoD's l_inf radii, for a saved run of a certifying method (:mod:`ccu.guarantees`); writes
+    ``guarantees.json`` beside the run and returns it, None for a method without a certifier."""
+    from ccu import guarantees
+    from ccu.methods import get_method
+    from ccu.methods.ccu_method import CCUMethod
+
+    if not issubclass(get_method(spec.method), CCUMethod):  # only CCU and CCU-<family> certify
+        return None
+    data = data if data is not None else load_data(spec)
+    return guarantees.run_guarantees(_run(spec, root, data), data)
+
+
+def attack_dataset(spec: RunSpec, methods, root=None, data=None):
+    """Certify CCU's balls around noise and attack every method in them (Table 1); ``spec``
+    names the dataset, profile, seed, device and trainer options (its method is not used)."""
+    from ccu import experiment
+    from ccu.methods import ordered
+
+    if "CCU" not in methods:
+        raise UsageError(
+            "the attack needs CCU (its certified balls define it): add CCU to --method."
+        )
+    data = data if data is not None else load_data(spec)
+    runs = {}
+    for m in ["CCU", *[m for m in ordered(methods) if m != "CCU"]]:
+        runs[m] = _run(spec.with_method(m), root, data)
+    return experiment.adversarial_noise(runs, data, spec.profile, spec.seed, root=root)
+
+
+def trained_methods(spec: RunSpec, root=None) -> list[str]:
+    """The methods with a finished run for ``spec``'s (dataset, profile, seed), in the paper's
+    order; :class:`MissingError` when there are none."""
+    from ccu import results as store
+    from ccu.methods import ordered
+
+    d = store.seed_dir(spec.profile, spec.dataset, spec.seed, root, training=True)
+    found = ordered(p.parent.name for p in d.glob(f"*/{store.CONFIG}"))
+    if not found:
+        raise MissingError(
+            f"no trained methods in {d}; train them first (`ccu train`) or name them with --method."
+        )
+    return found
+
+
+class TimeBox:
+    """``--stop-after``'s stops between methods and phases: once the deadline has passed, and
+    only after this call trained something (so that every call makes progress)."""
+
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.worked = False
+
+    def stop_before(self, what: str) -> None:
+        if self.deadline is None:
+            return
+        if self.worked:
+            self.deadline.stop_if_passed(what)
+        else:
+            self.deadline.lap()
+
+
+class RunTimes:
+    """``run_times.json`` of one (profile, dataset, seed) in the results store: the wall time
+    of each method's training summed over the calls that worked on it (a run stopped for time
+    and resumed trains a method in several calls), and the calls since the run last finished."""
+
+    def __init__(self, directory: Path):
+        from ccu import results as store
+
+        self.path = Path(directory) / store.RUN_TIMES
+        try:
+            saved = store.read_json(self.path) if self.path.exists() else {}
+            problem = None if isinstance(saved, dict) else f"a JSON {type(saved).__name__}"
+        except store.CorruptResultError as exc:
+            problem = str(exc.__cause__)
+        if problem is not None:  # only this timing file: the trained models beside it are fine
+            raise store.CorruptResultError(
+                f"{self.path} (the wall times of `ccu run`) is corrupt ({problem}); delete that "
+                "one file and run again: the trained models are kept, only the times of the "
+                "calls before are lost."
+            )
+        self.methods: dict = saved.get("methods", {})
+        self.pending: dict = saved.get("pending", {})
+        self.calls: list = saved.get("calls", [])
+        self.start = time.perf_counter()
+
+    def method(self, name: str, seconds: float, finished: bool) -> None:
+        """Count ``seconds`` spent on ``name``: a finished training, or an attempt cut short."""
+        if finished:
+            self.methods[name] = seconds + self.pending.pop(name, 0.0)
+        else:
+            self.pending[name] = self.pending.get(name, 0.0) + seconds
+        self._write()
+
+    def call_seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+    def total_seconds(self) -> float:
+        """This call's time and that of the calls before it since the run last finished."""
+        return sum(c["seconds"] for c in self.calls) + self.call_seconds()
+
+    def end_call(self, stopped: str | None) -> None:
+        """Record this call: ``stopped`` says where it stopped, None when the run finished (the
+        list of calls then starts afresh)."""
+        call = {"seconds": self.call_seconds(), "stopped": stopped}
+        self.calls = [] if stopped is None else [*self.calls, call]
+        self._write()
+
+    def _write(self) -> None:
+        from ccu import results as store
+
+        out = {"methods": self.methods, "pending": self.pending, "calls": self.calls}
+        store.write_json(self.path, out)
+
+
+def run_seed(
+    spec: RunSpec, order, box: TimeBox, root=None, budget_seconds=None, reference_out=None,
+    progress=True,
+) -> None:  # fmt: skip
+    """``ccu run`` for one (dataset, seed) of ``spec``: train and evaluate each method of
+    ``order`` (CCU first: its balls define the attack), attack, copy the reference results to
+    ``reference_out``. ``budget_seconds``: the methods left when it has passed are skipped (not
+    CCU); ``box`` stops between methods and before the attack (``--stop-after``)."""
+    from tqdm import tqdm
+
+    from ccu import reference_results
+    from ccu import results as store
+    from ccu.deadline import StopForTime
+
+    times = RunTimes(store.seed_dir(spec.profile, spec.dataset, spec.seed, root))
+    dataset, seed = spec.dataset, spec.seed
+    try:
+        data = load_data(spec)
+        done, skipped = [], []
+        bar = tqdm(order, desc=f"{dataset} seed {seed}", disable=not progress)
+        for m in bar:
+            late = times.call_seconds() > (budget_seconds or float("inf"))
+            if m != "CCU" and late:  # CCU always runs: its balls define the attack
+                skipped.append(m)
+                continue
+            box.stop_before(f"{m} on {dataset} seed {seed}")
+            bar.set_postfix_str(m)
+            began = time.perf_counter()
+            one = spec.with_method(m)
+            try:
+                stamp = train_one(one, root, data=data)
+            except BaseException:  # stopped for time or interrupted: the attempt's time counts
+                times.method(m, time.perf_counter() - began, finished=False)
+                box.worked = True
+                raise
+            if not stamp["loaded"]:
+                times.method(m, time.perf_counter() - began, finished=True)
+                box.worked = True
+            evaluate_one(one, root)
+            guarantees_one(one, root, data=data)
+            done.append(m)
+            log(f"{m}: done {times.call_seconds():.0f} s from the start")
+        if skipped:
+            log(f"skipped for the time budget: {', '.join(skipped)}")
+        box.stop_before(f"the attack on {dataset} seed {seed}")
+        attack_dataset(spec, done, root, data=data)
+        box.worked = True
+        if reference_out:
+            extra = {
+                "wall_seconds_total": times.total_seconds(),
+                "calls": len(times.calls) + 1,
+                "wall_seconds_per_method": times.methods,
+                "skipped_for_time": skipped,
+            }
+            out = reference_results.write_reference(
+                dataset, spec.profile, seed, reference_out, root, done, extra=extra
+            )
+            log(f"reference results written to {out}")
+    except StopForTime as stop:
+        times.end_call(stop.where)
+        raise
+    except KeyboardInterrupt:
+        times.end_call("interrupted")
+        raise
+    times.end_call(None)
+
+
+def check_time_flags(stop_after, budget_seconds) -> None:
+    """``--stop-after`` (positive seconds) and ``--budget-seconds`` do not mix: a
+    :class:`UsageError` otherwise."""
+    if stop_after is not None and budget_seconds is not None:
+        raise UsageError(
+            "--stop-after (stop, then resume with the same command) and --budget-seconds (skip "
+            "the methods left for good) do not mix: a resumed run would start a new budget."
+        )
+    if stop_after is not None and not stop_after > 0:
+        raise UsageError(f"--stop-after must be a positive number of seconds, not {stop_after}.")
+
+
+def run_all(
+    spec: RunSpec, datasets, seeds, methods, root=None, stop_after=None, budget_seconds=None,
+    reference_out=None, progress=True,
+) -> None:  # fmt: skip
+    """``ccu run``: every step for every (dataset, seed), one method after another (CCU first),
+    then each dataset's tables (mean ± sd over ``seeds``, :mod:`ccu.aggregate`), printed.
+    ``stop_after``: seconds after which the run stops at the next safe point
+    (:class:`ccu.deadline.StopForTime`; the same call again continues)."""
+    from dataclasses import replace
+
+    from ccu import aggregate
+    from ccu import deadline as time_box
+    from ccu.methods import METHOD_ORDER
+
+    check_time_flags(stop_after, budget_seconds)
+    methods = methods or list(METHOD_ORDER)
+    order = ["CCU", *[m for m in methods if m != "CCU"]]
+    deadline = time_box.Deadline(stop_after) if stop_after is not None else None
+    box = TimeBox(deadline)
+    with time_box.active(deadline):
+        for dataset in datasets:
+            for seed in seeds:
+                box.stop_before(f"{dataset} seed {seed}")
+                one = replace(spec, dataset=dataset, seed=seed)
+                run_seed(one, order, box, root, budget_seconds, reference_out, progress)
+            written, _ = aggregate.write_tables(spec.profile, dataset, root, seeds)
+            md = next(p for p in written if p.suffix == ".md")
+            print(md.read_text())
+            log(f"tables of {dataset} written to {md.parent}")
+
+
+__all__ = [
+    "MissingError",
+    "RunSpec",
+    "RunTimes",
+    "TimeBox",
+    "TrainerOptions",
+    "UsageError",
+    "attack_dataset",
+    "check_time_flags",
+    "current_commit",
+    "evaluate_one",
+    "guarantees_one",
+    "load_data",
+    "run_all",
+    "run_seed",
+    "train_one",
+    "trained_methods",
+]
