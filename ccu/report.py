@@ -125,7 +125,7 @@ def load_reference(profile: str, dataset: str, root: Path | None = None) -> dict
     if not d.is_dir():
         raise FileNotFoundError(
             f"no reference results for profile {profile!r} and dataset {dataset!r} in {d}; "
-            "produce them with tools/reference_run.py."
+            "produce them with `ccu run ... --reference-out reference-results`."
         )
     out = {"metrics": {}, "config": {}, "directory": d}
     for f in sorted(d.glob("*.metrics.json")):
@@ -162,15 +162,6 @@ def every_reference_run(root: Path | None = None) -> dict[str, dict]:
         for dataset, ref in reference_runs(profile, root).items():
             out[f"{dataset} ({profile})"] = dict(ref, dataset=dataset, profile=profile)
     return out
-
-
-def reference_or_none(profile: str, dataset: str, root: Path | None = None) -> dict | None:
-    """:func:`load_reference`, or ``None`` (saying why) when no reference results exist."""
-    try:
-        return load_reference(profile, dataset, root)
-    except FileNotFoundError as exc:
-        print(exc)
-        return None
 
 
 def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | None = None):

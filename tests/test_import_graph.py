@@ -124,6 +124,20 @@ def test_ccu_has_no_import_cycle():
     assert cycle is None, describe(cycle, graph, files)
 
 
+def package_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Imports of a name from a package that contains the importing module (``import ccu`` or
+    ``from ccu import get_profile`` in ``ccu.plots``), as ``module -> package``."""
+    return sorted(
+        f"{m} -> {t}" for m, targets in graph.items() for t in targets if m.startswith(f"{t}.")
+    )
+
+
+def test_no_module_imports_its_own_package():
+    graph, _ = import_graph(ROOT / "ccu")
+    bad = package_imports(graph)
+    assert not bad, f"import from the defining module (ccu.<module>) instead: {bad}"
+
+
 def test_the_graph_sees_function_level_package_and_relative_imports(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
@@ -141,6 +155,7 @@ def test_the_graph_sees_function_level_package_and_relative_imports(tmp_path):
         "pkg.sub.c": {"pkg": 1},
     }
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+    assert package_imports(graph) == ["pkg.sub.c -> pkg"]
 
 
 @pytest.mark.parametrize(
