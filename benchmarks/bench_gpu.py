@@ -44,11 +44,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torchvision.transforms import v2 as T
 
 import ccu
 from ccu.data import Dataset, get_spec
-from ccu.data.augment import augmentation
-from ccu.data.loaders import PairedLoader, paired_batches
+from ccu.data.augment import Augmentation
+from ccu.data.loaders import PairedLoader, epoch_indices
 from ccu.model import CCU
 
 NETWORKS = {  # network: (dataset record for shape/augmentation/settings, in-set size)
@@ -99,9 +100,30 @@ def build(kind: str, data: Dataset, method: str, fit_points: int, device) -> tor
 
 
 # ------------------------------------------------------------------ the old pipeline (<= 0.3.0)
+def old_transform(scheme: Augmentation | None, size: int) -> T.Transform | None:
+    """The old per-image augmentation of ``scheme`` on ``size x size`` images: torchvision's
+    ``RandomCrop`` (and ``RandomHorizontalFlip``); None where the dataset is not augmented."""
+    if scheme is None:
+        return None
+    steps: list[T.Transform] = [
+        T.RandomCrop(size, padding=scheme.padding, padding_mode=scheme.padding_mode)
+    ]
+    if scheme.flip:
+        steps.append(T.RandomHorizontalFlip())
+    return T.Compose(steps)
+
+
+def paired_batches(n_in: int, n_out: int, batch_size: int, gen: torch.Generator):
+    """The old loader's index batches: (in-indices, out-indices) of equal length covering every
+    in-point once per epoch, from the same plan as :class:`PairedLoader` (``epoch_indices``)."""
+    plan_in, plan_out = epoch_indices(n_in, n_out, batch_size, gen)
+    for start in range(0, n_in, batch_size):
+        yield plan_in[start : start + batch_size], plan_out[start : start + batch_size]
+
+
 def _old_batches(data: Dataset, batch_size: int, with_out: bool, gen, device):
     """The old loader: torchvision's RandomCrop per image on the host, one copy per batch."""
-    tf = augmentation(data.spec.augmentation, data.spec.shape[-1])
+    tf = old_transform(data.spec.augmentation, data.spec.shape[-1])
     n_out = len(data.out_x) if with_out else 0
     for idx_in, idx_out in paired_batches(len(data.train_x), n_out, batch_size, gen):
         x = data.train_x[idx_in]

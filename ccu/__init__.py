@@ -3,6 +3,8 @@
 The book in ``book/`` explains every piece; docstrings name the chapter.
 """
 
+import ccu.methods  # noqa: F401 - registers the methods (ccu.config imports it too)
+from ccu._version import __version__  # noqa: F401 - ccu.__version__
 from ccu.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
 from ccu.bounds import (
     CertificateAttack,
@@ -42,10 +44,6 @@ from ccu.metric import Mahalanobis
 from ccu.model import CCU, ConstraintError, TheoremNotApplicable
 from ccu.nets import MLP, LeNet, make_classifier
 from ccu.train import Trainer, accuracy
-
-__version__ = "0.5.0"
-
-import ccu.methods  # noqa: E402, F401 - registers the methods and their profile check
 
 __all__ = [
     "CCU",

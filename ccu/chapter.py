@@ -13,11 +13,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-import ccu
 from ccu import plots, reference_results
+from ccu.bounds import attack_certificates, certified_mask, nearest_training_point
 from ccu.config import Profile, TrainSettings, get_profile, train_settings
 from ccu.data import Dataset, load_dataset
 from ccu.data.ood import uniform_noise
+from ccu.density import GaussianMixture
+from ccu.metric import Mahalanobis
 from ccu.records import N_CERTIFIED
 
 
@@ -184,7 +186,7 @@ def epochs_text(epochs: int) -> str:
 
 def version_text(version: str) -> str:
     """``ccu 0.5.0``, or for an earlier result-compatible version what differs from this one."""
-    from ccu import __version__
+    from ccu._version import __version__
     from ccu.results import RESULT_COMPATIBLE_VERSIONS
 
     if version == __version__ or version not in RESULT_COMPATIBLE_VERSIONS:
@@ -253,8 +255,8 @@ def corollary1_check(
     ``violations``, ``outside`` (points outside their ball: must be 0), ``n_certified``,
     ``n_uncertified``, ``attack_max``, ``sample_max`` and ``float32_deviation`` (the largest
     ``|p32 - p64|`` at the points judged)."""
-    ok = ccu.certified_mask(radii)
-    tried = ccu.attack_certificates(
+    ok = certified_mask(radii)
+    tried = attack_certificates(
         model, noise, level, prof.attack_steps, prof.attack_restarts, n_samples, seed,
         radius=radii,
     )  # fmt: skip
@@ -284,11 +286,9 @@ def images_in_balls(model, noise, radii, data: Dataset) -> dict:
     most ``1.1/M``) and ``worst_confidence`` (NaN when there are none).
     """
     everything = torch.cat([data.train_x, data.test_x])
-    nearest, idx = ccu.nearest_training_point(
-        model.metric, noise.reshape(len(noise), -1), everything
-    )
+    nearest, idx = nearest_training_point(model.metric, noise.reshape(len(noise), -1), everything)
     radii = torch.as_tensor(radii).to(nearest)
-    ok = ccu.certified_mask(radii)
+    ok = certified_mask(radii)
     inside = (nearest <= radii) & ok
     conf = _confidence(model, everything[idx[inside].cpu()]) if inside.any() else torch.empty(0)
     margin = (nearest[ok] / radii[ok].clamp_min(1e-12)).min() if ok.any() else torch.tensor(np.nan)
@@ -347,9 +347,9 @@ def normalisation_check(extent: float = 15.0, n: int = 601) -> dict:
 
     Returns ``ours`` and ``printed`` (the two total masses) and ``det_c``.
     """
-    metric = ccu.Mahalanobis.from_covariance(torch.tensor([[3.0, 1.0], [1.0, 2.0]]))
+    metric = Mahalanobis.from_covariance(torch.tensor([[3.0, 1.0], [1.0, 2.0]]))
     means = torch.tensor([[0.0, 0.0], [2.0, 1.0]])
-    gmm = ccu.GaussianMixture(means, torch.zeros(2), torch.log(torch.ones(2) / 2), metric)
+    gmm = GaussianMixture(means, torch.zeros(2), torch.log(torch.ones(2) / 2), metric)
     g = torch.linspace(-extent, extent, n)
     xx, yy = torch.meshgrid(g, g, indexing="xy")
     pts = torch.stack([xx.ravel(), yy.ravel()], 1)

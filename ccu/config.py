@@ -4,124 +4,43 @@
 * ``cpu``: a real but reduced run on the CPU (minutes).
 * ``paper``: the paper's protocol (100 epochs, 500-step 50-restart attacks on 200 noise points); GPU.
 
-Every chapter takes a ``profile`` parameter that goes through :func:`get_profile`.
+Every chapter takes a ``profile`` parameter that goes through :func:`get_profile`, which checks
+it against the methods it may name. The records themselves (:class:`Profile`,
+:class:`TrainSettings`, :data:`PROFILES`) live in :mod:`ccu.settings`, which the data layer and
+the methods import; they are re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import fields, replace
 
+from ccu.data.registry import get_spec
+from ccu.methods import METHOD_ORDER, METHODS
+from ccu.settings import (
+    ATTACK_FIELDS,
+    CHAPTER_FIELDS,
+    LABELLED_PROFILES,
+    PROFILES,
+    TRAINING_FIELDS,
+    Profile,
+    TrainSettings,
+    profile_label,
+)
 
-@dataclass(frozen=True)
-class Profile:
-    """How big a run is. Smaller values: faster, noisier, less converged."""
-
-    name: str
-    epochs: int  # training epochs (the paper: 100)
-    n_train: int | None  # cap on in-distribution training points (None: all)
-    n_components: int  # K_i = K_o (the paper: 100)
-    n_seeds: int  # uniform-noise seeds for certification and attacks (the paper: 200)
-    attack_steps: int  # PGD steps (the paper: 500)
-    attack_restarts: int  # random restarts per seed (the paper: 50)
-    n_rays: int  # rays walked away from the data in the Theorem 1 chapter
-    grid: int  # resolution of the 2-D confidence maps
-    acet_steps: int = 40  # PGD steps of ACET's inner attack (the paper: 40)
-    ensemble: int = 5  # members of the deep ensemble (the paper: 5)
-    # each method's own paper network (VGG13 for MCD and GAN, see ``Method.paper_network``)
-    paper_networks: bool = False
-    # further methods trained on VGG13 instead of the dataset's network (an override)
-    vgg_methods: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        if isinstance(self.vgg_methods, list):
-            object.__setattr__(self, "vgg_methods", tuple(self.vgg_methods))  # JSON gives lists
-        for f in fields(self):
-            problem = _field_problem(f.name, getattr(self, f.name))
-            if problem:
-                raise ValueError(
-                    f"profile field {f.name} must be {problem}, not {getattr(self, f.name)!r}"
-                    f" ({type(getattr(self, f.name)).__name__}); e.g. {_EXAMPLES[f.name]}."
-                )
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def base(self) -> str:
-        """The built-in profile this one was made from: the first part of its name."""
-        return self.name.split("-", 1)[0]
-
-    @property
-    def label(self) -> str:
-        """Its name as its fields give it (:func:`profile_label`): the folder of its attack
-        results, tables and reference results. The same as ``name`` for a profile from
-        :func:`get_profile`; it also holds for one made with :func:`dataclasses.replace`."""
-        return self._label(f.name for f in fields(self) if f.name != "name")
-
-    @property
-    def training_label(self) -> str:
-        """The label of its training fields alone (:data:`TRAINING_FIELDS`): the folder of its
-        trained methods, shared by profiles that differ only in attack or chapter settings
-        (``smoke-e2-steps5`` trains in ``smoke-e2``)."""
-        return self._label(TRAINING_FIELDS)
-
-    def _label(self, names) -> str:
-        if self.base not in PROFILES:  # a profile of its own: its name is all there is
-            return self.name
-        return profile_label(self.base, {n: getattr(self, n) for n in names})
-
-
-#: the smallest value of each whole-number profile field
-_MINIMUM = {
-    "epochs": 1,
-    "n_train": 1,
-    "n_components": 1,
-    "n_seeds": 1,
-    "attack_steps": 1,
-    "attack_restarts": 1,
-    "n_rays": 1,
-    "grid": 2,
-    "acet_steps": 1,
-    "ensemble": 1,
-}
-_EXAMPLES = {
-    "name": '"smoke"',
-    "epochs": '{"epochs": 10}',
-    "n_train": '{"n_train": 500} or {"n_train": null} (all points)',
-    "paper_networks": '{"paper_networks": true}',
-    "vgg_methods": '{"vgg_methods": ["MCD"]}',
-    **{
-        k: f'{{"{k}": {max(v, 2) * 5}}}'
-        for k, v in _MINIMUM.items()
-        if k not in ("epochs", "n_train")
-    },
-}
-
-
-def _field_problem(name: str, value) -> str | None:
-    """What a value of profile field ``name`` must be, when ``value`` is not that; else None."""
-    if name == "name":
-        return None if isinstance(value, str) and value else "a non-empty string"
-    if name == "paper_networks":
-        return None if isinstance(value, bool) else "true or false"
-    if name == "vgg_methods":
-        ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
-        return None if ok else "a list of method names"
-    if name == "n_train" and value is None:
-        return None
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    if not whole or value < _MINIMUM[name]:
-        extra = " or null (all points)" if name == "n_train" else ""
-        return f"a whole number >= {_MINIMUM[name]}{extra}"
-    return None
-
-
-PROFILES: dict[str, Profile] = {
-    "smoke": Profile("smoke", 30, 1500, 10, 40, 30, 3, 20, 120, acet_steps=10, ensemble=3),
-    "cpu": Profile("cpu", 10, None, 100, 200, 100, 5, 100, 250, acet_steps=10),
-    "paper": Profile("paper", 100, None, 100, 200, 500, 50, 200, 400, paper_networks=True),
-}
+__all__ = [
+    "ATTACK_FIELDS",
+    "CHAPTER_FIELDS",
+    "LABELLED_PROFILES",
+    "PROFILES",
+    "PROFILE_CHECKS",
+    "TRAINING_FIELDS",
+    "Profile",
+    "TrainSettings",
+    "get_profile",
+    "profile_label",
+    "train_settings",
+]
 
 
 def get_profile(name: str, **overrides) -> Profile:
@@ -148,19 +67,6 @@ def get_profile(name: str, **overrides) -> Profile:
     return profile
 
 
-#: profiles renamed after the overrides that change them (every built-in profile): ``paper``
-#: with 30 epochs is ``paper-e30``, ``smoke`` with 2 epochs ``smoke-e2``, so that their results,
-#: which live under the profile's name (``results/<name>/``, ``reference-results/<name>/``),
-#: never mix with the protocol's own nor with another reduced run's
-LABELLED_PROFILES = tuple(PROFILES)
-#: the fields of the adversarial-noise experiment: they change its results, not the training
-ATTACK_FIELDS = ("n_seeds", "attack_steps", "attack_restarts")
-#: the fields only the chapters' figures use (rays walked, the 2-D maps' resolution)
-CHAPTER_FIELDS = ("n_rays", "grid")
-#: the fields that change a trained method (its folder: :attr:`Profile.training_label`)
-TRAINING_FIELDS = tuple(
-    f.name for f in fields(Profile) if f.name not in ("name", *ATTACK_FIELDS, *CHAPTER_FIELDS)
-)
 #: fields that must be positive integers, with what they count
 _COUNTS = {
     "epochs": "training epochs",
@@ -185,68 +91,20 @@ def _check_counts(profile: Profile) -> None:
             )
 
 
-_SHORT = {
-    "epochs": "e",
-    "n_train": "n",
-    "n_components": "k",
-    "n_seeds": "seeds",
-    "attack_steps": "steps",
-    "attack_restarts": "restarts",
-}
+def _check_methods(profile: Profile) -> None:
+    """Profiles may name methods (``vgg_methods``): they must exist."""
+    bad = sorted(m for m in profile.vgg_methods if m not in METHODS)
+    if bad:
+        raise ValueError(
+            f"vgg_methods names unknown methods {bad}; choose from {list(METHOD_ORDER)}."
+        )
 
 
-def profile_label(name: str, overrides: dict | None = None) -> str:
-    """The name of profile ``name`` with ``overrides``: ``name`` itself when they change nothing,
-    else ``name`` followed by each changed field and its value in field order, e.g.
-    ``paper-e30`` or ``paper-e30-seeds50``."""
-    base = PROFILES[name]
-    parts = [name]
-    for f in fields(Profile):
-        if f.name == "name" or f.name not in (overrides or {}):
-            continue
-        value = overrides[f.name]
-        if isinstance(value, list):
-            value = tuple(value)
-        if value == getattr(base, f.name):
-            continue
-        if value is None:
-            text = "all"
-        elif isinstance(value, bool):
-            text = "on" if value else "off"
-        elif isinstance(value, tuple):
-            text = "+".join(map(str, value)) or "none"
-        else:
-            text = f"{value:g}" if isinstance(value, float) else str(value)
-        text = "".join(c if c.isalnum() or c in "._+" else "_" for c in text)
-        parts.append(f"{_SHORT.get(f.name, f.name)}{text}")
-    return "-".join(parts)
-
-
-#: checks that other modules register for profiles (``ccu.methods`` checks method names), so
-#: this module needs no import of theirs
-PROFILE_CHECKS: list[Callable[[Profile], None]] = [_check_counts]
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Optimiser settings (appendix "Experimental details")."""
-
-    optimizer: str = "adam"  # ADAM on MNIST-like data, SGD (momentum 0.9) otherwise
-    lr: float = 1e-3
-    gmm_lr: float = 1e-5  # GMM parameters: lr 1e-5, no weight decay
-    weight_decay: float = 5e-4
-    batch_size: int = 128  # in-batch; the out-batch has the same size
-    milestones: tuple[float, ...] = (0.5, 0.75, 0.9)  # x0.1 after 50/75/90 of 100 epochs
-    classifier: str = "mlp"
-    lam: float = 1.0
-    eigen_floor: float = 1e-6
-    augment: bool = True  # the paper's crops / flips on in-batches
-    n_covariance: int | None = None  # augmented samples for the metric (None: training-set size)
+#: the checks :func:`get_profile` runs on every profile, in order (more may be appended)
+PROFILE_CHECKS: list[Callable[[Profile], None]] = [_check_counts, _check_methods]
 
 
 def train_settings(dataset: str) -> TrainSettings:
     """The optimiser settings of ``dataset``: part of its registry record
     (``ccu.data.get_spec(dataset).settings``); unknown names list the known ones."""
-    from ccu.data.registry import get_spec  # here: the registry imports this module
-
     return get_spec(dataset).settings

@@ -22,13 +22,19 @@ import numpy as np
 import torch
 from tqdm.std import tqdm
 
-import ccu
 from ccu import evaluate as ev
 from ccu import results as store
-from ccu.attacks import AttackResult
+from ccu.attacks import AttackResult, attack_batch_size, ball_attack
+from ccu.bounds import (
+    certified_mask,
+    certified_radius,
+    check_certificate,
+    confidence_bound,
+    nearest_training_point,
+)
 from ccu.config import Profile, get_profile, train_settings
-from ccu.data import Dataset, load_dataset, load_ood, uniform_noise
-from ccu.methods import get_method
+from ccu.data import DataNotFoundError, Dataset, load_dataset, load_ood, uniform_noise
+from ccu.methods import Method, get_method
 from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED, RunSpec, TrainerOptions
 from ccu.results import RESULTS_ROOT, CorruptResultError  # noqa: F401 - part of this API
 from ccu.testing import UnsoundDensityError
@@ -38,10 +44,6 @@ def median(values: torch.Tensor) -> float:
     """The median as statistics defines it (the mean of the two middle values for an even count;
     ``torch.median`` returns the lower one)."""
     return float(np.median(values.detach().double().cpu().numpy()))
-
-
-#: kept for callers of the earlier API: the directory of one method's run
-results_dir = store.method_dir
 
 
 def log(message: str) -> None:
@@ -61,7 +63,7 @@ def progress_bar(iterable, desc: str, total: int | None = None):
 class RunResult:
     """A trained method with its per-sample scores and metrics."""
 
-    method: ccu.methods.Method
+    method: Method
     config: dict
     scores: dict[str, np.ndarray]  # "test", "test_confidence", "test_prediction", "<ood>"...
     metrics: dict
@@ -176,7 +178,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         bar.set_postfix_str(name)
         try:
             x, source = load_ood(name, data, seed=ood_seed, with_source=True)
-        except ccu.data.DataNotFoundError as exc:
+        except DataNotFoundError as exc:
             metrics["ood"][name] = {"skipped": str(exc).splitlines()[0]}
             continue
         with torch.random.fork_rng(devices=_cuda_devices(method)):
@@ -208,12 +210,12 @@ def attack_method(method, seeds, radii, metric, steps, restarts, seed=0, batch_s
     x0, rad = seeds.to(method.device), radii.to(method.device, torch.float64)
     with torch.random.fork_rng(devices=_cuda_devices(method)):
         torch.manual_seed(seed)
-        res = ccu.ball_attack(method.score, x0, rad, **attack)
+        res = ball_attack(method.score, x0, rad, **attack)
         surrogate = method.attack_surrogate()
         if surrogate is None:
             return res, 0
-        alt = ccu.ball_attack(surrogate, x0, rad, **attack)
-        judge = batch_size or ccu.attacks.attack_batch_size(method.score, alt.x[:1], len(alt.x))
+        alt = ball_attack(surrogate, x0, rad, **attack)
+        judge = batch_size or attack_batch_size(method.score, alt.x[:1], len(alt.x))
         with torch.no_grad():  # the pre-processing's own gradient is enabled inside the score
             alt_score = torch.cat([method.score(b) for b in alt.x.split(judge)])
     take = alt_score > res.score
@@ -401,11 +403,11 @@ def _own_certificate(
     then highest confidence). ``bound_violations`` counts both (``attack_bound_violations``,
     ``peak_bound_violations``): any is a false certificate."""
     if own_radius is None:  # the ball method's own radii are the balls' radii
-        own_radius = ccu.certified_radius(model, seeds, level=level).cpu()
-    own_ok = ccu.certified_mask(own_radius)
+        own_radius = certified_radius(model, seeds, level=level).cpu()
+    own_ok = certified_mask(own_radius)
     own_bound = torch.ones_like(own_radius)  # uncertified: no guarantee
     if bool(own_ok.any()):
-        own_bound[own_ok] = ccu.confidence_bound(model, seeds[own_ok], own_radius[own_ok]).cpu()
+        own_bound[own_ok] = confidence_bound(model, seeds[own_ok], own_radius[own_ok]).cpu()
     out = {
         "n_own_certified": int(own_ok.sum()),
         "median_own_radius": median(own_radius[own_ok]) if bool(own_ok.any()) else None,
@@ -424,13 +426,13 @@ def _own_certificate(
         model.eval()
         centres, own = seeds[own_ok], own_radius[own_ok]
         peaks = density_peaks(model, centres, own)
-        peak = ccu.check_certificate(model, peaks, torch.cat([centres, centres]), own.repeat(2))
+        peak = check_certificate(model, peaks, torch.cat([centres, centres]), own.repeat(2))
         out["peak_bound_violations"] = int(peak.violated.reshape(2, -1).any(0).sum())
         out["peak_max_confidence_float64"] = float(peak.confidence64.max())
         out["bound_violations"] = out["peak_bound_violations"]
         model.train(was_training)
     if bool(ok.any()):
-        check = ccu.check_certificate(model, torch.from_numpy(worst_x), seeds[ok], radii[ok])
+        check = check_certificate(model, torch.from_numpy(worst_x), seeds[ok], radii[ok])
         out.update(
             attack_bound_violations=check.n_violations,
             bound_violations=check.n_violations + out["peak_bound_violations"],
@@ -480,15 +482,13 @@ def adversarial_noise(
     directory = store.adversarial_dir(prof, data.name, root, seed)
     with store.locked(directory, "the adversarial-noise experiment"):
         seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
-        radii = ccu.certified_radius(model, seeds, level=level).cpu()
-        ok = ccu.certified_mask(radii)
+        radii = certified_radius(model, seeds, level=level).cpu()
+        ok = certified_mask(radii)
         bound = torch.full_like(radii, float("nan"))
         if bool(ok.any()):
-            bound[ok] = ccu.confidence_bound(model, seeds[ok], radii[ok]).cpu()
+            bound[ok] = confidence_bound(model, seeds[ok], radii[ok]).cpu()
         everything = torch.cat([data.train_x, data.test_x])
-        nearest, _ = ccu.nearest_training_point(
-            model.metric, seeds.reshape(len(seeds), -1), everything
-        )
+        nearest, _ = nearest_training_point(model.metric, seeds.reshape(len(seeds), -1), everything)
         inside = (nearest.cpu() <= radii) & ok
         ccu_conf = runs[ball_method].scores["test_confidence"]
         guaranteed = torch.where(ok, bound, 1.0).numpy()  # no ball: no guarantee

@@ -30,9 +30,11 @@ import re
 import numpy as np
 import torch
 
-import ccu
 from ccu import evaluate as ev
 from ccu import lp
+from ccu._version import __version__
+from ccu.attacks import confidence_score
+from ccu.bounds import certified_mask, certified_radius, confidence_bound
 from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED
 
 #: the l_inf radius of GOOD (Bitterwolf et al. 2020) and ProoD (Meinke et al. 2022)
@@ -67,11 +69,11 @@ def certify_set(model, x, level: float = 1.1, batch: int = 2000):
     """Certified radii (NaN: uncertified) and the bound over each certified ball; float64."""
     radii, bounds = [], []
     for xb in _chunks(torch.as_tensor(x), batch):
-        r = ccu.certified_radius(model, xb, level=level).cpu()
-        ok = ccu.certified_mask(r)
+        r = certified_radius(model, xb, level=level).cpu()
+        ok = certified_mask(r)
         b = torch.ones_like(r)  # uncertified: no guarantee (confidence can be 1)
         if bool(ok.any()):
-            b[ok] = ccu.confidence_bound(model, xb[ok.to(xb.device)], r[ok]).cpu()
+            b[ok] = confidence_bound(model, xb[ok.to(xb.device)], r[ok]).cpu()
         radii.append(r)
         bounds.append(b)
     return torch.cat(radii), torch.cat(bounds)
@@ -118,7 +120,7 @@ def certify_sets(
     }
     for name, x in sets.items():
         radius, bound = certify_set(model, x, level, batch)
-        ok = ccu.certified_mask(radius)
+        ok = certified_mask(radius)
         r = radius[ok]
         row = {
             "n": len(radius),
@@ -184,7 +186,7 @@ def run_guarantees(run, data, level: float = 1.1, ood_seed: int = 1, batch: int 
         skipped=skipped,
         test_error=run.metrics.get("test_error"),
         model_files=run.config.get("files"),  # digests of the saved run these numbers are for
-        ccu_version=ccu.__version__,
+        ccu_version=__version__,
         torch_version=torch.__version__,
         note="bounds hold for the float64 model of the saved parameters; the box [0,1]^D is "
         "not used (the bound holds on the whole ball)",
@@ -371,8 +373,8 @@ def attack_check(model, x, eps, p=math.inf, steps: int = 50, restarts: int = 2, 
 
     twin = copy.deepcopy(model).double().eval()
     x64 = torch.as_tensor(x).double()
-    bound = ccu.lp_confidence_bound(model, x64, eps, p)
-    _, score = lp.lp_attack(ccu.confidence_score(twin), x64, eps, p, steps, restarts, seed)
+    bound = lp.lp_confidence_bound(model, x64, eps, p)
+    _, score = lp.lp_attack(confidence_score(twin), x64, eps, p, steps, restarts, seed)
     attacked = score.detach().exp().cpu()
     return {
         "bound": bound.cpu(),

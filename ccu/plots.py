@@ -12,8 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-import ccu
-from ccu.bounds import theorem1_terms
+from ccu.bounds import confidence_bound, log_ratio_bound, nearest_training_point, theorem1_terms
 
 #: the unit of every distance the book plots: the metric d(x, y) = ||W (x - y)||, i.e. Euclidean
 #: distance after whitening with the in-distribution's (regularised) covariance
@@ -121,7 +120,7 @@ def walk_rays(model, train_x, n_rays: int, scales: torch.Tensor, seed: int = 0):
     u = u / model.metric.whiten(u).norm(dim=1, keepdim=True)  # unit length in the metric
     z = start[:, None, :] + scales.to(torch.float64)[None, :, None] * u[:, None, :]
     zf = z.reshape(-1, flat.shape[1])
-    nearest, _ = ccu.nearest_training_point(model.metric, zf, flat)
+    nearest, _ = nearest_training_point(model.metric, zf, flat)
     conf = model(zf.to(train_x.dtype).reshape(-1, *train_x.shape[1:])).exp().max(1).values
     return z, nearest.reshape(n_rays, -1), conf.double().reshape(n_rays, -1)
 
@@ -182,7 +181,7 @@ def plot_bound_curves(model, x0, radii, level: float = 1.1, ax=None):
     grid = torch.linspace(0, top * 1.6 if top > 0 else 1.0, 300, dtype=torch.float64)
     curves = []
     for i in range(len(x0)):
-        b = ccu.confidence_bound(model, x0[i : i + 1].expand(len(grid), *x0.shape[1:]), grid)
+        b = confidence_bound(model, x0[i : i + 1].expand(len(grid), *x0.shape[1:]), grid)
         curves.append(b)
         line = ax.plot(grid.numpy(), b.numpy(), lw=1.5)[0]
         if not bool(radii[i].isnan()):
@@ -199,7 +198,7 @@ def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
     (for the book's illustration; :func:`ccu.certified_radius` does the same batched)."""
     M = model.num_classes
     target = float(model.log_lam) + np.log(level - 1) - np.log(M - level)
-    log_b = lambda r: float(ccu.log_ratio_bound(model, x0, torch.tensor([r])))  # noqa: E731
+    log_b = lambda r: float(log_ratio_bound(model, x0, torch.tensor([r])))  # noqa: E731
     if log_b(0.0) > target:
         raise ValueError("this centre is uncertified (its bound at R = 0 is above the level).")
     lo, hi = 0.0, 1.0

@@ -79,7 +79,7 @@ class RunSpec:
         trainer options it applies and its own extra fields."""
         import torch
 
-        import ccu
+        from ccu._version import __version__
         from ccu.config import train_settings
 
         out = {
@@ -88,7 +88,7 @@ class RunSpec:
             "profile": self.profile.as_dict(),
             "settings": asdict(train_settings(self.dataset)),
             "seed": self.seed,
-            "ccu_version": ccu.__version__,
+            "ccu_version": __version__,
             "torch_version": torch.__version__,
             "data_checksum": data.checksum(),
             "dataset_description": data.spec.description,

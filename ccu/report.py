@@ -154,15 +154,6 @@ def every_reference_run(root: Path | None = None) -> dict[str, dict]:
     return out
 
 
-def reference_or_none(profile: str, dataset: str, root: Path | None = None) -> dict | None:
-    """:func:`load_reference`, or ``None`` (saying why) when no reference results exist."""
-    try:
-        return load_reference(profile, dataset, root)
-    except FileNotFoundError as exc:
-        print(exc)
-        return None
-
-
 def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | None = None):
     """Density families side by side (chapter *Try your own density model*): one row per
     certifying method (``CCU``, ``CCU-<family>``) with its test error, AUROC per OOD set (%), its

@@ -57,8 +57,8 @@ import numpy as np
 import torch
 from filelock import FileLock, Timeout
 
-from ccu.config import TRAINING_FIELDS
 from ccu.data.sources import sha256
+from ccu.settings import TRAINING_FIELDS
 
 RESULTS_ROOT = Path(os.environ.get("CCU_RESULTS", Path(__file__).resolve().parents[1] / "results"))
 

@@ -28,12 +28,12 @@ from torch import nn
 from tqdm.std import tqdm
 
 from ccu import deadline
-from ccu.config import TrainSettings
 from ccu.data import Dataset
 from ccu.data.loaders import PairedLoader
 from ccu.losses import ccu_loss
 from ccu.model import CCU
 from ccu.results import CorruptResultError, write_torch
+from ccu.settings import TrainSettings
 from ccu.validation import check_finite, check_labels, trusted_inputs
 
 #: what ``Trainer(precision=...)`` accepts, and the autocast dtype of each

@@ -256,7 +256,7 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
         for s in (0, 1)
     )
     assert m0["seed"] == 0 and m1["seed"] == 1 and m0["data_checksum"] != m1["data_checksum"]
-    # the reference copy: what tools/reference_run.py wrote
+    # the reference copy: what ``--reference-out`` wrote
     out_dir = ref / PROF.label / "digits"
     names = {p.name for p in out_dir.iterdir()}
     assert names == {
@@ -285,20 +285,14 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     assert "metrics.json" in capsys.readouterr().err
 
 
-def test_reference_run_py_is_a_front_of_ccu_run():
-    sys.path.insert(0, str(cli.REPO / "tools"))
-    try:
-        import reference_run
-    finally:
-        sys.path.pop(0)
-    argv = reference_run.translate(
-        ["--dataset", "digits", "--methods", "Base", "CCU", "--budget-seconds", "60"]
-    )
-    assert argv[:3] == ["run", "--dataset", "digits"]
-    assert argv[argv.index("--method") + 1 : argv.index("--method") + 3] == ["Base", "CCU"]
-    assert argv[argv.index("--budget-seconds") + 1] == "60.0"
-    assert argv[argv.index("--reference-out") + 1].endswith("reference-results")
-    assert argv[argv.index("--profile") + 1] == "cpu"  # its old defaults
+def test_device_run_makes_reference_runs_with_ccu_run():
+    """``tools/device_run.sh`` (reference stages) calls ``ccu run`` with the arguments the old
+    ``tools/reference_run.py`` front gave it."""
+    script = (cli.REPO / "tools" / "device_run.sh").read_text()
+    assert "reference_run.py" not in script and "python3 -m ccu run --dataset" in script
+    argv = ["run", "--dataset", "digits", "--profile", "cpu", "--method", "Base", "CCU"]
+    argv += ["--seed", "0", "--device", "auto", "--threads", "16"]
+    argv += ["--reference-out", "reference-results", "--budget-seconds", "60"]
     args = cli.build_parser().parse_args(argv)
     assert args.func is cli.cmd_run and args.budget_seconds == 60.0
 

@@ -140,20 +140,25 @@ def _is_shift(aug, src, pad):
 
 
 def test_augmentation_is_a_padded_crop_and_seeded():
+    from ccu.data import get_spec
     from ccu.data.augment import augment, augmented_sample
 
+    mnist = get_spec("mnist-offline").augmentation
     x = torch.rand(6, 1, 28, 28)
-    a = augment(x, "mnist-offline", seed=0)
-    assert torch.equal(a, augment(x, "mnist-offline", seed=0))
+    a = augment(x, mnist, seed=0)
+    assert torch.equal(a, augment(x, mnist, seed=0))
     assert all(_is_shift(a[i], x[i], 2) for i in range(6))
     assert not torch.equal(a, x)
-    s = augmented_sample(x, 15, "mnist-offline", seed=1)
+    s = augmented_sample(x, 15, mnist, seed=1)
     assert s.shape == (15, 1, 28, 28)
     c = torch.rand(3, 3, 32, 32)
-    ac = augment(c, "cifar10-offline", seed=0)
+    ac = augment(c, get_spec("cifar10-offline").augmentation, seed=0)
     assert ac.shape == c.shape and float(ac.min()) >= 0 and float(ac.max()) <= 1
     pts = torch.rand(4, 2)
-    assert torch.equal(augment(pts, "moons", 0), pts)  # no augmentation for 2-D toy data
+    assert get_spec("moons").augmentation is None  # no augmentation for 2-D toy data
+    assert torch.equal(augment(pts, None, 0), pts) and torch.equal(augment(pts, mnist, 0), pts)
+    with pytest.raises(TypeError, match="get_spec\\('mnist-offline'\\).augmentation"):
+        augment(x, "mnist-offline", 0)  # a scheme, not a dataset name
 
 
 def test_tiny_images_reader_roundtrip(tmp_path):

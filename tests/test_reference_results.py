@@ -62,7 +62,7 @@ def test_reference_runs_come_from_this_library_version():
     for dataset, ref in REFS.items():
         version = t1_version(ref)
         assert version == ccu.__version__ or version in RESULT_COMPATIBLE_VERSIONS, (
-            f"{dataset}: made by ccu {version}; rerun tools/reference_run.py"
+            f"{dataset}: made by ccu {version}; rerun `ccu run --reference-out reference-results`"
         )
 
 

@@ -114,8 +114,9 @@ if [ "$kind" = reference ]; then
   extra=()
   [ "$stage" = cifar ] && extra=(--budget-seconds "$budget")
   # shellcheck disable=SC2086  # methods: one word per method
-  python3 tools/reference_run.py --dataset "$ds" --profile "$profile" --methods $methods \
-    "${extra[@]}" --threads "$THREADS" 2>&1 | tee -a "$log"
+  python3 -m ccu run --dataset "$ds" --profile "$profile" --method $methods --seed 0 \
+    --device auto --threads "$THREADS" --reference-out "$PWD/reference-results" "${extra[@]}" \
+    2>&1 | tee -a "$log"
   rc=${PIPESTATUS[0]}
   tar czf "$OUT/$stage.tgz" reference-results "$log" 2>/dev/null
   exit "$rc"

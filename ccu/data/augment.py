@@ -5,7 +5,8 @@ random horizontal flips on CIFAR. The covariance of eq. (12) is computed on augm
 drawn from the training set without replacement (60,000 / 50,000 in the paper).
 
 Which scheme a dataset uses is part of its registry record (``DatasetSpec.augmentation``); the
-functions here take a registry name or an :class:`Augmentation`.
+functions here take that :class:`Augmentation` (or None: no augmentation), never a dataset name,
+so this module needs no registry.
 
 Training augments whole batches on the device (:func:`crop_flip`): the random crop offsets and
 flips are drawn up front from a seeded CPU generator (:func:`crop_flip_params`), so a run is the
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms import v2 as T
 
 #: torchvision's padding modes as ``torch.nn.functional.pad`` names them
 _PAD_MODES = {"constant": "constant", "edge": "replicate", "reflect": "reflect"}
@@ -44,35 +44,12 @@ class Augmentation:
         if self.padding < 0:
             raise ValueError(f"padding must be >= 0; got {self.padding}.")
 
-    def transform(self, size: int) -> T.Transform:
-        steps: list[T.Transform] = [
-            T.RandomCrop(size, padding=self.padding, padding_mode=self.padding_mode)
-        ]
-        if self.flip:
-            steps.append(T.RandomHorizontalFlip())
-        return T.Compose(steps)
-
 
 #: The paper's schemes (and the one for scikit-learn's 8x8 digits).
 MNIST_LIKE = Augmentation(2, "constant")
 SVHN_LIKE = Augmentation(4, "edge")
 CIFAR_LIKE = Augmentation(4, "reflect", flip=True)
 DIGITS_8X8 = Augmentation(1, "constant")
-
-
-def _scheme(dataset: str | Augmentation | None) -> Augmentation | None:
-    if dataset is None or isinstance(dataset, Augmentation):
-        return dataset
-    from ccu.data.registry import get_spec
-
-    return get_spec(dataset).augmentation
-
-
-def augmentation(dataset: str | Augmentation | None, size: int) -> T.Transform | None:
-    """The training augmentation of ``dataset`` (a registry name or a scheme) on ``size x size``
-    images; None where the dataset is not augmented (e.g. moons)."""
-    scheme = _scheme(dataset)
-    return None if scheme is None else scheme.transform(size)
 
 
 def crop_flip_params(
@@ -108,11 +85,16 @@ def crop_flip(
     return out.view(n, c, h, w)
 
 
-def augment(x: torch.Tensor, dataset: str | Augmentation | None, seed: int) -> torch.Tensor:
-    """Augment each image of ``x`` (N, C, H, W) independently (batched, on the device of
-    ``x``); seeded by ``seed``, the global RNG untouched. Non-image data is returned as a copy."""
-    scheme = _scheme(dataset) if x.ndim == 4 else None
-    if scheme is None:
+def augment(x: torch.Tensor, scheme: Augmentation | None, seed: int) -> torch.Tensor:
+    """Augment each image of ``x`` (N, C, H, W) independently with ``scheme`` (a dataset's
+    ``spec.augmentation``; batched, on the device of ``x``); seeded by ``seed``, the global RNG
+    untouched. Non-image data, or no scheme, is returned as a copy."""
+    if isinstance(scheme, str):
+        raise TypeError(
+            f"augment takes a scheme, not the dataset name {scheme!r}: pass "
+            f"ccu.data.get_spec({scheme!r}).augmentation."
+        )
+    if scheme is None or x.ndim != 4:
         return x.clone()
     offsets, flips = crop_flip_params(len(x), scheme, torch.Generator().manual_seed(seed))
     offsets, flips = offsets.to(x.device), flips.to(x.device)
@@ -126,7 +108,7 @@ def augment(x: torch.Tensor, dataset: str | Augmentation | None, seed: int) -> t
 
 
 def augmented_sample(
-    x: torch.Tensor, n: int, dataset: str | Augmentation | None, seed: int
+    x: torch.Tensor, n: int, scheme: Augmentation | None, seed: int
 ) -> torch.Tensor:
     """``n`` augmented images for the metric's covariance: indices drawn without replacement
     (a fresh permutation each time the training set is used up), each image augmented."""
@@ -135,7 +117,7 @@ def augmented_sample(
     gen = torch.Generator().manual_seed(seed)
     reps = -(-n // len(x))
     idx = torch.cat([torch.randperm(len(x), generator=gen) for _ in range(reps)])[:n]
-    return augment(x[idx], dataset, seed + 1)
+    return augment(x[idx], scheme, seed + 1)
 
 
 def covariance_sample(data, settings, seed: int = 0) -> torch.Tensor:

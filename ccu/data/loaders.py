@@ -21,17 +21,6 @@ import torch
 from ccu.data.augment import crop_flip, crop_flip_params
 
 
-def paired_batches(n_in: int, n_out: int, batch_size: int, gen: torch.Generator):
-    """Yield (in-indices, out-indices) of equal length covering every in-point once per epoch.
-
-    Out-indices run through a shuffled permutation of the out-set and start a new one when it
-    is used up, so no out-sample is skipped.
-    """
-    plan_in, plan_out = epoch_indices(n_in, n_out, batch_size, gen)
-    for start in range(0, n_in, batch_size):
-        yield plan_in[start : start + batch_size], plan_out[start : start + batch_size]
-
-
 def epoch_indices(
     n_in: int, n_out: int, batch_size: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ccu.config import TrainSettings
 from ccu.data.augment import Augmentation
+from ccu.settings import TrainSettings
 
 
 @dataclass

@@ -9,7 +9,6 @@ another registered density family (:func:`ccu.register_density`).
 
 from __future__ import annotations
 
-from ccu.config import PROFILE_CHECKS
 from ccu.density import DENSITY_FAMILIES
 from ccu.methods import gan, posthoc, trained  # noqa: F401 - their methods register themselves
 from ccu.methods.base import METHODS, BaseMethod, Method, register_method
@@ -65,17 +64,6 @@ def ordered(names) -> list[str]:
 
     return sorted(names, key=key)
 
-
-def _check_profile(profile) -> None:
-    """Profiles may name methods (``vgg_methods``): they must exist."""
-    bad = sorted(m for m in profile.vgg_methods if m not in METHODS)
-    if bad:
-        raise ValueError(
-            f"vgg_methods names unknown methods {bad}; choose from {list(METHOD_ORDER)}."
-        )
-
-
-PROFILE_CHECKS.append(_check_profile)
 
 __all__ = [
     "METHODS",

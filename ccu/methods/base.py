@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from ccu.attacks import probe_batch_size
-from ccu.config import Profile, TrainSettings
 from ccu.nets import make_classifier
+from ccu.settings import Profile, TrainSettings
 from ccu.train import PRECISIONS, History, Trainer
 
 #: every method by its name in the paper's tables, filled by :func:`register_method`
