@@ -97,3 +97,23 @@ def tight_ccu(d: int = 64, distance: float = 300.0, seed: int = 1, num_classes: 
     gout = ccu.GaussianMixture(nu, zero + math.log(4.0), zero, metric)
     model = ccu.CCU(SaturatedClassifier(num_classes), gin, gout, num_classes).double()
     return model, x0, e
+
+
+def random_ccus():
+    """A hypothesis strategy of :func:`random_ccu` models: dimension 1-6, 1-4 components per
+    mixture, 2-10 classes, lambda log-uniform in [0.05, 20], saturated or MLP classifiers."""
+    from hypothesis import strategies as st
+
+    return st.builds(
+        lambda seed, d, k_in, k_out, m, u_lam, clf, gap: random_ccu(
+            seed, d, k_in, k_out, m, log_uniform(u_lam, 0.05, 20.0), clf, gap
+        ),
+        seed=st.integers(0, 10_000),
+        d=st.integers(1, 6),
+        k_in=st.integers(1, 4),
+        k_out=st.integers(1, 4),
+        m=st.integers(2, 10),
+        u_lam=st.floats(0.0, 1.0),
+        clf=st.sampled_from(["saturated", "mlp"]),
+        gap=st.floats(0.02, 2.0),
+    )

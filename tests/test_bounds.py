@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from helpers import SaturatedClassifier, log_uniform, random_ccu
+from helpers import SaturatedClassifier, random_ccu, random_ccus
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
@@ -13,19 +13,7 @@ import ccu
 
 TOL = 1e-9  # float64 models and bounds: only rounding separates them
 
-models = st.builds(
-    lambda seed, d, k_in, k_out, m, u_lam, clf, gap: random_ccu(
-        seed, d, k_in, k_out, m, log_uniform(u_lam, 0.05, 20.0), clf, gap
-    ),
-    seed=st.integers(0, 10_000),
-    d=st.integers(1, 6),
-    k_in=st.integers(1, 4),
-    k_out=st.integers(1, 4),
-    m=st.integers(2, 10),
-    u_lam=st.floats(0.0, 1.0),
-    clf=st.sampled_from(["saturated", "mlp"]),
-    gap=st.floats(0.02, 2.0),
-)
+models = random_ccus()  # hypothesis strategy of random float64 CCU models
 
 
 def _confidence(model, x):

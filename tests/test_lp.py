@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers import floored_metric, log_uniform, random_ccu, random_metric
+from helpers import floored_metric, random_ccu, random_ccus, random_metric
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,19 +21,7 @@ metrics = st.builds(
     d=st.integers(1, 9),
     spread=st.floats(0.0, 4.0),
 )
-models = st.builds(
-    lambda seed, d, k_in, k_out, m, u_lam, clf, gap: random_ccu(
-        seed, d, k_in, k_out, m, log_uniform(u_lam, 0.05, 20.0), clf, gap
-    ),
-    seed=st.integers(0, 10_000),
-    d=st.integers(1, 6),
-    k_in=st.integers(1, 4),
-    k_out=st.integers(1, 4),
-    m=st.integers(2, 10),
-    u_lam=st.floats(0.0, 1.0),
-    clf=st.sampled_from(["saturated", "mlp"]),
-    gap=st.floats(0.02, 2.0),
-)
+models = random_ccus()  # hypothesis strategy of random float64 CCU models
 
 
 def _distance(metric, x, x0):

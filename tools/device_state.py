@@ -31,7 +31,6 @@ them); 4 a part's sha256 is wrong.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -41,18 +40,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from pack_data import _sha256  # the same stdlib-only sha256 (tools/ is this script's folder)
+
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 LEDGER = "ledger.json"
 RESTORED = ".restored.json"  # in the results folder: the archives already unpacked there
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(MIB), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read(path: Path, default):
