@@ -1,7 +1,9 @@
 """What the book's chapters share: their setup, and the computations behind their prose.
 
 Each chapter's setup cell is one call, :func:`setup_chapter`; the numbers a chapter states in its
-text come from the functions below, so the tests reach them without running a notebook.
+text come from the functions below and, for every guarantee the prose checks (Theorem 1,
+Corollary 1, images in balls, far field), from :mod:`ccu.book_checks`, so the tests reach them
+without running a notebook.
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ import numpy as np
 import torch
 
 from ccu import plots, reference_results
-from ccu.bounds import attack_certificates, certified_mask, nearest_training_point
+from ccu.bounds import log_ratio_bound
 from ccu.config import Profile, TrainSettings, get_profile, train_settings
 from ccu.data import Dataset, load_dataset
 from ccu.data.ood import uniform_noise
-from ccu.density import GaussianMixture
-from ccu.metric import Mahalanobis
-from ccu.records import N_CERTIFIED
 
 
 class ChapterSetup(NamedTuple):
@@ -209,95 +208,30 @@ def reference_caption(dataset: str, ref: dict) -> str:
     )
 
 
-# ----------------------------------------------------------------------------- two moons
-def far_field(base_conf, ccu_conf, maps: dict, extent: float, inner: float = 10.0) -> dict:
-    """The two-moons chapter's far-field numbers.
-
-    ``maps`` is :func:`ccu.plots.plot_confidence_maps`'s dict, holding a ``grid x grid`` map over
-    ``[-extent, extent]^2`` for the titles ``"Base (ReLU network)"`` and ``"CCU"``. Returns the
-    smallest Base confidence and the largest CCU confidence at least ``inner`` away from the
-    origin (max-norm), and both confidences at the corner ``(1000, 1000)``.
-    """
-    base_map, ccu_map = maps[("Base (ReLU network)", extent)], maps[("CCU", extent)]
-    axis = np.linspace(-extent, extent, base_map.shape[0])
-    ring = np.maximum(*np.abs(np.meshgrid(axis, axis))) >= inner
-    if not ring.any():
-        raise ValueError(f"no grid point is {inner} away from the origin within {extent}.")
-    corner = torch.tensor([[1e3, 1e3]])
-    return {
-        "base_far_min": float(base_map[ring].min()),
-        "ccu_far_max": float(ccu_map[ring].max()),
-        "base_corner": float(base_conf(corner)),
-        "ccu_corner": float(ccu_conf(corner)),
-    }
-
-
 # ----------------------------------------------------------------------------- corollary 1
 def noise_centres(prof: Profile, data: Dataset, seed: int) -> torch.Tensor:
     """The uniform-noise centres the Corollary 1 chapter certifies."""
     return uniform_noise(prof.n_seeds, data.spec.shape, seed=seed + 100)
 
 
-@torch.no_grad()
-def _confidence(model, x):
-    return model(x).exp().max(1).values
-
-
-def corollary1_check(
-    model, noise, radii, prof: Profile, seed: int = 0, n_samples: int = 50, level: float = 1.1
-):
-    """Try to break Corollary 1 inside every certified ball (intersected with ``[0, 1]^d``):
-    :func:`ccu.attack_certificates` (PGD with the profile's steps and restarts on the float32
-    model, ``n_samples`` uniform points per ball, every point judged by the float64 model).
-
-    Uncertified centres (NaN radius) have no ball and are counted apart. Returns per certified
-    ball ``radius``, ``bound``, ``attack`` and ``sampled`` (float64 confidences found); and
-    ``violations``, ``outside`` (points outside their ball: must be 0), ``n_certified``,
-    ``n_uncertified``, ``attack_max``, ``sample_max`` and ``float32_deviation`` (the largest
-    ``|p32 - p64|`` at the points judged)."""
-    ok = certified_mask(radii)
-    tried = attack_certificates(
-        model, noise, level, prof.attack_steps, prof.attack_restarts, n_samples, seed,
-        radius=radii,
-    )  # fmt: skip
-    found = tried.attack_confidence
-    chk = tried.check
-    return {
-        "radius": tried.radius[ok].cpu(),
-        "bound": chk.bound.cpu(),
-        "attack": found,
-        "sampled": tried.sampled_max.cpu(),
-        "violations": chk.n_violations,
-        "outside": chk.n_outside,
-        N_CERTIFIED: int(ok.sum()),
-        "n_uncertified": int((~ok).sum()),
-        "attack_max": float(found.max()),
-        "sample_max": float(tried.sampled_max.max()),
-        "float32_deviation": chk.max_float32_deviation,
-    }
-
-
-def images_in_balls(model, noise, radii, data: Dataset) -> dict:
-    """Training or test images inside a certified ball, and CCU's confidence on them.
-
-    Uncertified centres (NaN radius) have no ball. Returns ``inside`` (certified balls holding an
-    image), ``min_margin`` (smallest ratio of the nearest image's distance to the radius over the
-    certified balls), ``confidence`` (CCU's confidence on those images; the certificate demands at
-    most ``1.1/M``) and ``worst_confidence`` (NaN when there are none).
-    """
-    everything = torch.cat([data.train_x, data.test_x])
-    nearest, idx = nearest_training_point(model.metric, noise.reshape(len(noise), -1), everything)
-    radii = torch.as_tensor(radii).to(nearest)
-    ok = certified_mask(radii)
-    inside = (nearest <= radii) & ok
-    conf = _confidence(model, everything[idx[inside].cpu()]) if inside.any() else torch.empty(0)
-    margin = (nearest[ok] / radii[ok].clamp_min(1e-12)).min() if ok.any() else torch.tensor(np.nan)
-    return {
-        "inside": int(inside.sum()),
-        "min_margin": float(margin),
-        "confidence": conf,
-        "worst_confidence": float(conf.max()) if len(conf) else float("nan"),
-    }
+def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
+    """The bracket ``[lo, hi]`` of the bisection on ``log b(R)`` (eqs. (24)-(25)) for one centre,
+    step by step: the book's illustration, chapter *Corollary 1 and the certified radius*
+    (``book/corollary1.ipynb``); :func:`ccu.certified_radius` does the same batched."""
+    M = model.num_classes
+    target = float(model.log_lam) + np.log(level - 1) - np.log(M - level)
+    log_b = lambda r: float(log_ratio_bound(model, x0, torch.tensor([r])))  # noqa: E731
+    if log_b(0.0) > target:
+        raise ValueError("this centre is uncertified (its bound at R = 0 is above the level).")
+    lo, hi = 0.0, 1.0
+    while log_b(hi) <= target:
+        lo, hi = hi, 2 * hi
+    rows = [(0, lo, hi)]
+    for k in range(1, iterations + 1):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if log_b(mid) > target else (mid, hi)
+        rows.append((k, lo, hi))
+    return rows
 
 
 # ----------------------------------------------------------------------------- figure 2
@@ -337,26 +271,6 @@ def worst_cases_of_reference(dataset: str, ref: dict, rows: int = 2):
 def reference_radii(ref: dict) -> np.ndarray:
     """The certified radii of a committed reference run (``radii.csv``; NaN: not certified)."""
     return reference_results.radii(ref["directory"])
-
-
-# ----------------------------------------------------------------------------- normalisation
-@torch.no_grad()
-def normalisation_check(extent: float = 15.0, n: int = 601) -> dict:
-    """Integrate a 2-D Gaussian mixture on a grid: the library's density (normaliser with
-    ``(det C)^(-1/2)``) and the paper's printed one (``(det C)^(-d/2)``).
-
-    Returns ``ours`` and ``printed`` (the two total masses) and ``det_c``.
-    """
-    metric = Mahalanobis.from_covariance(torch.tensor([[3.0, 1.0], [1.0, 2.0]]))
-    means = torch.tensor([[0.0, 0.0], [2.0, 1.0]])
-    gmm = GaussianMixture(means, torch.zeros(2), torch.log(torch.ones(2) / 2), metric)
-    g = torch.linspace(-extent, extent, n)
-    xx, yy = torch.meshgrid(g, g, indexing="xy")
-    pts = torch.stack([xx.ravel(), yy.ravel()], 1)
-    ours = float(gmm.log_prob(pts).exp().sum()) * float(g[1] - g[0]) ** 2
-    d, log_det = 2, float(metric.log_det)
-    printed = ours * float(np.exp(0.5 * log_det - 0.5 * d * log_det))
-    return {"ours": ours, "printed": printed, "det_c": float(np.exp(log_det))}
 
 
 # ----------------------------------------------------------------------------- reference runs

@@ -97,14 +97,19 @@ INDEX: tuple[Entry, ...] = (
         "Thr:thr1",
         "far enough from the training set (9), confidence at most (1 + eps)/M (10); "
         "assumes min theta_l > max sigma_k",
-        ("ccu.theorem1_distance", "ccu.theorem1_terms", "ccu.CCU.check_constraint"),
+        (
+            "ccu.theorem1_distance",
+            "ccu.theorem1_terms",
+            "ccu.CCU.check_constraint",
+            "ccu.book_checks.theorem1_check",
+        ),
         "book/theorem1",
     ),
     Entry(
         "Corollary 3.1, eq. (11)",
         "Cor:Cor1",
         "an upper bound on the confidence over a whole ball d(x, x0) <= R",
-        ("ccu.confidence_bound", "ccu.log_ratio_bound"),
+        ("ccu.confidence_bound", "ccu.log_ratio_bound", "ccu.book_checks.corollary1_check"),
         "book/corollary1",
     ),
     Entry(

@@ -25,12 +25,12 @@ from tqdm.std import tqdm
 from ccu import evaluate as ev
 from ccu import results as store
 from ccu.attacks import AttackResult, attack_batch_size, ball_attack
+from ccu.book_checks import images_inside_balls
 from ccu.bounds import (
     certified_mask,
     certified_radius,
     check_certificate,
     confidence_bound,
-    nearest_training_point,
 )
 from ccu.config import Profile, get_profile, train_settings
 from ccu.data import DataNotFoundError, Dataset, load_dataset, load_ood, uniform_noise
@@ -488,8 +488,7 @@ def adversarial_noise(
         if bool(ok.any()):
             bound[ok] = confidence_bound(model, seeds[ok], radii[ok]).cpu()
         everything = torch.cat([data.train_x, data.test_x])
-        nearest, _ = nearest_training_point(model.metric, seeds.reshape(len(seeds), -1), everything)
-        inside = (nearest.cpu() <= radii) & ok
+        inside = images_inside_balls(model.metric, seeds, radii, everything)[0]
         ccu_conf = runs[ball_method].scores["test_confidence"]
         guaranteed = torch.where(ok, bound, 1.0).numpy()  # no ball: no guarantee
         summary = {

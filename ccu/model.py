@@ -17,6 +17,7 @@ import math
 import torch
 from torch import nn
 
+from ccu.attacks import confidence_score
 from ccu.density import DensityModel, GaussianMixture, ScaleConstraint
 from ccu.validation import check_batch
 
@@ -151,8 +152,9 @@ class CCU(nn.Module):
 
     @torch.no_grad()
     def confidence(self, x: torch.Tensor) -> torch.Tensor:
-        """``max_y p(y|x)``, (N,)."""
-        return self(x).max(dim=1).values.exp()
+        """``max_y p(y|x)``, (N,): the exponential of :func:`ccu.confidence_score`, the one
+        confidence function (every chapter and check calls one of the two)."""
+        return confidence_score(self)(x).exp()
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Figures of the book (matplotlib): confidence maps, confidence along rays, bounds and radii.
 
-Each function returns the data it plots as well, so that the chapters can ``glue`` numbers from
-the same computation and the tests can check them without looking at pixels.
+These functions only draw. The numbers behind the prose, and the checks of the guarantees, are
+:mod:`ccu.book_checks` (rays, Theorem 1, Corollary 1, images in balls, far field) and
+:mod:`ccu.chapter`; a figure that evaluates a function to draw it (a confidence map, a bound
+curve) returns those values too, so the tests check them without looking at pixels.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from ccu.bounds import confidence_bound, log_ratio_bound, nearest_training_point, theorem1_terms
+from ccu.bounds import confidence_bound
 
 #: the unit of every distance the book plots: the metric d(x, y) = ||W (x - y)||, i.e. Euclidean
 #: distance after whitening with the in-distribution's (regularised) covariance
@@ -36,16 +38,6 @@ def softmax_confidence(model) -> Callable[[torch.Tensor], torch.Tensor]:
     @torch.no_grad()
     def conf(x):
         return torch.softmax(model(x), 1).max(1).values
-
-    return conf
-
-
-def ccu_confidence(model) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``x -> max_y p(y|x)`` for a :class:`ccu.CCU` model."""
-
-    @torch.no_grad()
-    def conf(x):
-        return model(x).exp().max(1).values
 
     return conf
 
@@ -106,55 +98,6 @@ def plot_confidence_maps(
     return fig, maps
 
 
-@torch.no_grad()
-def walk_rays(model, train_x, n_rays: int, scales: torch.Tensor, seed: int = 0):
-    """Points ``x_i + t u`` on ``n_rays`` rays from training points in random directions.
-
-    Returns ``(z, nearest, confidence)`` with shapes (R, T, D), (R, T), (R, T): the points, their
-    distance to the training set under the model's metric, and ``max_y p(y|z)``.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    flat = train_x.reshape(len(train_x), -1).to(torch.float64)
-    start = flat[torch.randint(len(flat), (n_rays,), generator=gen)]
-    u = torch.randn(n_rays, flat.shape[1], generator=gen, dtype=torch.float64)
-    u = u / model.metric.whiten(u).norm(dim=1, keepdim=True)  # unit length in the metric
-    z = start[:, None, :] + scales.to(torch.float64)[None, :, None] * u[:, None, :]
-    zf = z.reshape(-1, flat.shape[1])
-    nearest, _ = nearest_training_point(model.metric, zf, flat)
-    conf = model(zf.to(train_x.dtype).reshape(-1, *train_x.shape[1:])).exp().max(1).values
-    return z, nearest.reshape(n_rays, -1), conf.double().reshape(n_rays, -1)
-
-
-@torch.no_grad()
-def theorem1_check(model, z, train_x, eps_values, as_printed: bool = False):
-    """For each eps: how many points satisfy Theorem 1's condition and the worst confidence there.
-
-    Returns a list of dicts (eps, n_points, n_certified, max_confidence_certified, bound,
-    violations), where ``bound = (1 + eps)/M``.
-    """
-    flat = z.reshape(-1, z.shape[-1])
-    conf = model(flat.to(train_x.dtype).reshape(-1, *train_x.shape[1:])).exp().max(1).values
-    M = model.num_classes
-    rows = []
-    for eps in eps_values:
-        t = theorem1_terms(model, flat, train_x, eps, as_printed=as_printed)
-        ok = t.certified
-        worst = float(conf[ok].max()) if ok.any() else float("nan")
-        bound = (1 + eps) / M
-        rows.append(
-            dict(
-                eps=eps,
-                n_points=len(flat),
-                n_certified=int(ok.sum()),
-                max_confidence_certified=worst,
-                bound=bound,
-                violations=int((conf[ok].double() > bound + 1e-6).sum()),
-                median_distance=float(torch.quantile(t.distance, 0.5)),
-            )
-        )
-    return rows
-
-
 def plot_rays(nearest, conf, num_classes: int, markers: dict | None = None, ax=None):
     """Confidence against distance to the training set, one line per ray."""
     ax = ax or plt.subplots(figsize=(7, 4))[1]
@@ -193,28 +136,9 @@ def plot_bound_curves(model, x0, radii, level: float = 1.1, ax=None):
     return ax, grid, torch.stack(curves)
 
 
-def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
-    """The bracket ``[lo, hi]`` of the bisection on ``log b(R)`` for one centre, step by step
-    (for the book's illustration; :func:`ccu.certified_radius` does the same batched)."""
-    M = model.num_classes
-    target = float(model.log_lam) + np.log(level - 1) - np.log(M - level)
-    log_b = lambda r: float(log_ratio_bound(model, x0, torch.tensor([r])))  # noqa: E731
-    if log_b(0.0) > target:
-        raise ValueError("this centre is uncertified (its bound at R = 0 is above the level).")
-    lo, hi = 0.0, 1.0
-    while log_b(hi) <= target:
-        lo, hi = hi, 2 * hi
-    rows = [(0, lo, hi)]
-    for k in range(1, iterations + 1):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if log_b(mid) > target else (mid, hi)
-        rows.append((k, lo, hi))
-    return rows
-
-
 def plot_attack_vs_bound(check: dict, num_classes: int, level: float = 1.1, ax=None):
     """Corollary 1 chapter: the confidence PGD and sampling found in each ball, against its
-    radius, under the certified level (``check`` is :func:`ccu.chapter.corollary1_check`)."""
+    radius, under the certified level (``check`` is :func:`ccu.book_checks.corollary1_check`)."""
     ax = ax or plt.subplots(figsize=(7, 3.5))[1]
     radius = check["radius"].numpy()
     ax.scatter(radius, check["attack"].numpy(), s=12, label="PGD worst case")

@@ -1,4 +1,5 @@
-"""The computations behind the chapters' prose, figures and tables (ccu.chapter, plots, report)."""
+"""The computations behind the chapters' prose, figures and tables (ccu.chapter, plots, report;
+the guarantees the prose checks: tests/test_book_checks.py)."""
 
 import matplotlib
 
@@ -36,74 +37,17 @@ def test_setup_chapter_validates_and_loads():
         chapter.setup_chapter("mnistt", "smoke", verbose=False)
 
 
-def test_far_field_reads_the_ring_of_the_maps():
-    extent, grid = 30.0, 61
-    axis = np.linspace(-extent, extent, grid)
-    xx, yy = np.meshgrid(axis, axis)
-    ring = np.maximum(np.abs(xx), np.abs(yy)) >= 10.0
-    base = np.where(ring, 0.9, 0.2)
-    base[0, 0] = 0.7  # the smallest Base confidence far out
-    cc = np.where(ring, 0.5, 0.99)
-    cc[-1, -1] = 0.55  # the largest CCU confidence far out
-    maps = {(BASE, extent): base, (CCU, extent): cc}
-    out = chapter.far_field(
-        lambda x: torch.tensor([0.8]), lambda x: torch.tensor([0.5]), maps, extent
-    )
-    assert out == {
-        "base_far_min": 0.7,
-        "ccu_far_max": 0.55,
-        "base_corner": pytest.approx(0.8),
-        "ccu_corner": 0.5,
-    }
-    with pytest.raises(ValueError):
-        chapter.far_field(None, None, {(BASE, 5.0): base, (CCU, 5.0): cc}, 5.0)
-
-
-def _box_model(seed=0, d=4):
-    """A random CCU on inputs in [0, 1]^d (its mixtures around the box)."""
-    return random_ccu(seed, d=d, num_classes=4, classifier="linear")
-
-
-def test_corollary1_check_finds_no_violation_and_reports_per_ball():
-    model = _box_model()
-    gen = torch.Generator().manual_seed(0)
-    noise = torch.rand(6, 4, generator=gen, dtype=torch.float64)
+def test_bisection_trace_brackets_the_certified_radius():
+    model = random_ccu(0, d=4, num_classes=4, classifier="linear")
+    noise = torch.rand(8, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     radii = ccu.certified_radius(model, noise, level=1.1)
-    prof = ccu.get_profile("smoke", attack_steps=5, attack_restarts=1)
-    check = chapter.corollary1_check(model, noise, radii, prof, seed=0, n_samples=10)
-    assert check["violations"] == 0 and check["outside"] == 0
-    n = check["n_certified"]
-    assert n + check["n_uncertified"] == 6 and n == int(ccu.certified_mask(radii).sum())
-    assert check["attack"].shape == check["sampled"].shape == check["bound"].shape == (n,)
-    assert check["attack_max"] <= float(check["bound"].max()) + 1e-9
-
-
-def test_images_in_balls_counts_and_measures():
-    model = _box_model(1)
-
-    class Data:  # the two attributes images_in_balls reads
-        train_x = torch.rand(20, 4, dtype=torch.float64)
-        test_x = torch.rand(5, 4, dtype=torch.float64)
-
-    centres = Data.train_x[:3] + 1e-3
-    out = chapter.images_in_balls(model, centres, torch.full((3,), 1.0, dtype=torch.float64), Data)
-    assert out["inside"] == 3 and out["min_margin"] < 1.0
-    assert len(out["confidence"]) == 3 and np.isfinite(out["worst_confidence"])
-    far = chapter.images_in_balls(
-        model, centres + 1e6, torch.full((3,), 1.0, dtype=torch.float64), Data
-    )
-    assert far["inside"] == 0 and np.isnan(far["worst_confidence"])
-    # an uncertified centre (NaN radius) has no ball, so no image is inside it
-    nan = torch.tensor([float("nan"), 1.0, float("nan")], dtype=torch.float64)
-    out = chapter.images_in_balls(model, centres, nan, Data)
-    assert out["inside"] == 1
-
-
-def test_normalisation_check():
-    mass = chapter.normalisation_check()
-    assert mass["ours"] == pytest.approx(1.0, abs=1e-3)
-    assert mass["det_c"] == pytest.approx(5.0, rel=1e-5)  # det [[3, 1], [1, 2]]
-    assert abs(mass["printed"] - 1.0) > 0.1
+    i = int(torch.nonzero(ccu.certified_mask(radii))[0])
+    rows = chapter.bisection_trace(model, noise[i : i + 1], 1.1, iterations=10)
+    assert [k for k, _, _ in rows] == list(range(11))
+    widths = [hi - lo for _, lo, hi in rows]
+    assert widths[-1] == pytest.approx(widths[0] / 2**10)
+    _, lo, hi = rows[-1]
+    assert lo <= float(radii[i]) <= hi
 
 
 def test_figure2_rows_and_grid_from_the_reference_runs():

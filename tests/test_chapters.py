@@ -55,6 +55,10 @@ def test_chapter_layout(path):
         lines = _source(c).splitlines()
         assert len(lines) <= MAX_CODE_LINES, f"{len(lines)}-line code cell:\n{_source(c)}"
         assert not c.get("outputs") and c.get("execution_count") is None, "outputs are stripped"
+        assert not re.search(r"^\s*assert\b", _source(c), re.M), (
+            "no assertions in cells: a check behind the prose raises from ccu.book_checks\n"
+            + _source(c)
+        )
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
