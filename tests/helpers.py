@@ -117,3 +117,15 @@ def random_ccus():
         clf=st.sampled_from(["saturated", "mlp"]),
         gap=st.floats(0.02, 2.0),
     )
+
+
+def printed_theorem1_counterexample() -> ccu.CCU:
+    """A 1-D float64 CCU (one in-component N(0, 1), one out-component N(0, 4), a saturated
+    classifier, M = 10) on which the printed Theorem 1 distance (no factor sqrt(2)) is too
+    short: just beyond it the confidence is above (1 + eps)/M."""
+    metric = ccu.Mahalanobis.identity(1)
+    gin = ccu.GaussianMixture(torch.zeros(1, 1), torch.zeros(1), torch.zeros(1), metric)
+    gout = ccu.GaussianMixture(
+        torch.zeros(1, 1), torch.tensor([math.log(4.0)]), torch.zeros(1), metric
+    )
+    return ccu.CCU(SaturatedClassifier(10), gin, gout, 10).double()

@@ -2,13 +2,12 @@
 and raises GuaranteeViolated, naming the numbers, when a model breaks the guarantee."""
 
 import dataclasses
-import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from helpers import SaturatedClassifier, random_ccu
+from helpers import printed_theorem1_counterexample, random_ccu
 
 import ccu
 from ccu import book_checks
@@ -93,12 +92,7 @@ def test_theorem1_check_raises_on_a_violation():
 
 def test_theorem1_check_as_printed_counts_its_violations_without_raising():
     """The 1-D model where the printed distance (no sqrt(2)) is too short (test_bounds)."""
-    metric = ccu.Mahalanobis.identity(1)
-    gin = ccu.GaussianMixture(torch.zeros(1, 1), torch.zeros(1), torch.zeros(1), metric)
-    gout = ccu.GaussianMixture(
-        torch.zeros(1, 1), torch.tensor([math.log(4.0)]), torch.zeros(1), metric
-    )
-    model = ccu.CCU(SaturatedClassifier(10), gin, gout, 10).double()
+    model = printed_theorem1_counterexample()
     train = torch.zeros(1, 1, dtype=torch.float64)
     printed = ccu.theorem1_terms(model, torch.ones(1, 1), train, 1e-3, as_printed=True).distance
     z = (printed * 1.001).reshape(1, 1, 1)

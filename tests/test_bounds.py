@@ -4,7 +4,12 @@ import math
 
 import pytest
 import torch
-from helpers import SaturatedClassifier, random_ccu, random_ccus
+from helpers import (
+    SaturatedClassifier,
+    printed_theorem1_counterexample,
+    random_ccu,
+    random_ccus,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
@@ -80,12 +85,7 @@ def test_theorem1_beyond_the_distance_confidence_is_low(model, seed, eps):
 
 def test_theorem1_as_printed_can_be_violated():
     """The printed theorem lacks a factor sqrt(2) in its last term; a 1-D counterexample."""
-    metric = ccu.Mahalanobis.identity(1)
-    gin = ccu.GaussianMixture(torch.zeros(1, 1), torch.zeros(1), torch.zeros(1), metric)
-    gout = ccu.GaussianMixture(
-        torch.zeros(1, 1), torch.tensor([math.log(4.0)]), torch.zeros(1), metric
-    )
-    model = ccu.CCU(SaturatedClassifier(10), gin, gout, 10).double()
+    model = printed_theorem1_counterexample()
     train = torch.zeros(1, 1, dtype=torch.float64)
     eps = 1e-3
     z_printed = ccu.theorem1_terms(model, torch.ones(1, 1), train, eps, as_printed=True).distance

@@ -16,7 +16,14 @@ MATHJAX_DIR = "mathjax"
 MATHJAX2_CONFIG = {
     # the package ships MathJax's combined configuration (TeX input and HTML-CSS output inside)
     "config": ["TeX-AMS-MML_HTMLorMML-full.js"],
-    "TeX": {"extensions": ["AMSmath.js", "AMSsymbols.js", "noErrors.js", "noUndefined.js"]},
+    "TeX": {
+        "extensions": [
+            "AMSmath.js",
+            "AMSsymbols.js",
+            "noErrors.js",
+            "noUndefined.js",
+        ]
+    },
     "tex2jax": {
         "inlineMath": [["\\(", "\\)"]],
         "displayMath": [["\\[", "\\]"]],
