@@ -95,8 +95,23 @@ def confidence_bound(model: CCU, x0, radius) -> torch.Tensor:
     The paper's Corollary 3.1, eq. (11), proved as Corollary B.1; chapter *Corollary 1 and the
     certified radius* (``book/corollary1.ipynb``).
     """
-    log_b = log_ratio_bound(model, x0, radius)
-    return _bound_from_log_b(log_b, float(model.log_lam), model.num_classes)
+    return confidence_bound_function(model, x0)(radius)
+
+
+def confidence_bound_function(model: CCU, x0):
+    """:func:`confidence_bound` for fixed centres ``x0`` as a function of the radius (a scalar
+    or one per centre): the centres' distances to the components are computed once, so many
+    radii are cheap (e.g. a sweep of threat-model radii, :mod:`ccu.lp`). float64 (N,)."""
+    _check_model(model)
+    x0 = _centres(model, x0)
+    log_b = _log_b_functions(model, x0)
+    log_lam, M, n = float(model.log_lam), model.num_classes, x0.shape[0]
+
+    def bound(radius) -> torch.Tensor:
+        return _bound_from_log_b(log_b(_radius(radius, n)), log_lam, M)
+
+    bound.n = n  # the number of centres
+    return bound
 
 
 def certified_radius(

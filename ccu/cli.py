@@ -289,9 +289,8 @@ def _exit_code(exc: Exception) -> int:
 
 
 def _one_line(exc: Exception) -> str:
-    """An error's text on one line, with the library's advice put in command-line terms."""
-    text = " ".join(str(exc).split())
-    return text.replace(" (or pass retrain=True)", "")  # a library argument, not a flag
+    """An error's text on one line (the library's messages give command-line advice)."""
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ccu.bounds import _bound_from_log_b, _centres, _check_model, _log_b_functions
+from ccu.bounds import confidence_bound_function
 from ccu.metric import Mahalanobis
 
 #: relative safety margins on the operator norms (see the module docstring)
@@ -203,17 +203,9 @@ def _eps(eps, n: int) -> torch.Tensor:
 def lp_bound_function(model, x, p=math.inf):
     """``eps -> `` Corollary 1's bound over the l_p balls of radius ``eps`` around ``x`` (N,):
     the centres are whitened once, then any number of radii are cheap (the GAUC sweep)."""
-    _check_model(model)
-    x0 = _centres(model, x)
+    bound_of_radius = confidence_bound_function(model, x)  # checks the model and x
     kappa = lp_norm_factor(model.metric, p)
-    log_b = _log_b_functions(model, x0)
-    log_lam, M = float(model.log_lam), model.num_classes
-
-    def bound(eps) -> torch.Tensor:
-        r = kappa * _eps(eps, x0.shape[0]).to(model.metric.whitening.device)
-        return _bound_from_log_b(log_b(r), log_lam, M)
-
-    return bound
+    return lambda eps: bound_of_radius(kappa * _eps(eps, bound_of_radius.n))
 
 
 def lp_confidence_bound(model, x, eps, p=math.inf) -> torch.Tensor:
