@@ -356,8 +356,42 @@ def em_fit(x, metric, seed, n_components, covariance_type, max_iter, reg_covar, 
     return sk.means_, np.log(sk.covariances_), log_weights - np.logaddexp.reduce(log_weights)
 
 
+class FittedByEM:
+    """Mixtures whose starting point is k-means + EM in the metric's whitened space
+    (:func:`em_fit`) with scikit-learn's ``covariance_type`` :attr:`em_covariance`: the paper's
+    spherical components of eq. (4) (:class:`GaussianMixture`) or diagonal ones
+    (:class:`ccu.DiagonalGaussianMixture`). A family sets ``em_covariance`` and builds itself
+    from the EM estimates in :meth:`from_em`."""
+
+    em_covariance: str
+
+    @classmethod
+    def from_em(cls, means, log_var, log_w, metric: Mahalanobis):  # pragma: no cover - interface
+        """The mixture with EM's ``means`` (K, D), log variances and log weights (numpy)."""
+        raise NotImplementedError
+
+    @classmethod
+    def fit(
+        cls,
+        x,
+        metric: Mahalanobis,
+        seed: int = 0,
+        n_components: int = 100,
+        max_iter: int = 100,
+        reg_covar: float = 1e-6,
+        verbose: bool = False,
+    ):
+        """k-means + EM on ``x`` whitened by ``metric``, seeded by ``seed``, with
+        ``n_components`` components (the paper: 100); ``max_iter`` and ``reg_covar`` go to
+        scikit-learn. Chapter *Training Base and CCU* (``book/training.ipynb``)."""
+        means, log_var, log_w = em_fit(
+            x, metric, seed, n_components, cls.em_covariance, max_iter, reg_covar, verbose
+        )
+        return cls.from_em(means, log_var, log_w, metric)
+
+
 @register_density("gmm")
-class GaussianMixture(ScaleConstraint, DensityModel):
+class GaussianMixture(FittedByEM, ScaleConstraint, DensityModel):
     """Eq. (4): spherical Gaussians in the metric ``d``, normalised, in log space (chapter
     *Two moons*, ``book/two_moons.ipynb``).
 
@@ -495,22 +529,11 @@ class GaussianMixture(ScaleConstraint, DensityModel):
         return _GMMBallBounds(dist, log_alpha, log_var)
 
     # ------------------------------------------------------------------ fitting
+    #: eq. (4)'s spherical components, as scikit-learn names them (:class:`FittedByEM`)
+    em_covariance = "spherical"
+
     @classmethod
-    def fit(
-        cls,
-        x,
-        metric: Mahalanobis,
-        seed: int = 0,
-        n_components: int = 100,
-        max_iter: int = 100,
-        reg_covar: float = 1e-6,
-        verbose: bool = False,
-    ) -> GaussianMixture:
-        """k-means + EM with spherical covariances in whitened space (scikit-learn's
-        ``GaussianMixture(covariance_type="spherical")`` is eq. (4) there)."""
-        means, log_var, log_w = em_fit(
-            x, metric, seed, n_components, "spherical", max_iter, reg_covar, verbose
-        )
+    def from_em(cls, means, log_var, log_w, metric: Mahalanobis) -> GaussianMixture:
         return cls.from_whitened(means, log_var, log_w, metric)
 
     def extra_repr(self) -> str:

@@ -27,8 +27,8 @@ from torch import nn
 from ccu.density import (
     BallBounds,
     DensityModel,
+    FittedByEM,
     ScaleConstraint,
-    em_fit,
     register_density,
 )
 from ccu.metric import Mahalanobis, exact_distances
@@ -52,7 +52,7 @@ class _DiagBallBounds(BallBounds):
 
 
 @register_density("diag")
-class DiagonalGaussianMixture(ScaleConstraint, DensityModel):
+class DiagonalGaussianMixture(FittedByEM, ScaleConstraint, DensityModel):
     """Mixture of ``N(mu_k, diag(v_k))`` in whitened coordinates, normalised in input space.
 
     Parameters
@@ -134,22 +134,11 @@ class DiagonalGaussianMixture(ScaleConstraint, DensityModel):
         log_w = torch.full((k,), -math.log(k), dtype=torch.float64)
         return cls(torch.zeros(k, d), torch.zeros(k, d), log_w, metric, train_weights)
 
+    #: diagonal components, as scikit-learn names them (:class:`ccu.density.FittedByEM`)
+    em_covariance = "diag"
+
     @classmethod
-    def fit(
-        cls,
-        x,
-        metric: Mahalanobis,
-        seed: int = 0,
-        n_components: int = 100,
-        max_iter: int = 100,
-        reg_covar: float = 1e-6,
-        verbose: bool = False,
-    ) -> DiagonalGaussianMixture:
-        """k-means + EM with diagonal covariances in whitened space (scikit-learn's
-        ``GaussianMixture(covariance_type="diag")`` is this model in those coordinates)."""
-        means, log_var, log_w = em_fit(
-            x, metric, seed, n_components, "diag", max_iter, reg_covar, verbose
-        )
+    def from_em(cls, means, log_var, log_w, metric: Mahalanobis) -> DiagonalGaussianMixture:
         return cls(means, log_var, log_w, metric)
 
     def extra_repr(self) -> str:
