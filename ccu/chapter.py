@@ -75,7 +75,7 @@ def setup_chapter(
     try:
         prof, chosen = _check_parameters(dataset, profile, seed, device, overrides, methods)
         use_book_style()
-        data = load_dataset(dataset, seed=seed).subset(prof.n_train)
+        data = load_dataset(dataset, seed=seed).subset(prof.n_train, prof.n_test)
     except (ValueError, FileNotFoundError) as exc:
         raise _one_line_in_notebook(exc) from None
     settings = train_settings(dataset)
@@ -134,7 +134,7 @@ def _check_parameters(dataset, profile, seed, device, overrides, methods):
         raise ValueError(f"parameter device must be cpu, cuda or cuda:N, not {device!r}.")
     overrides = _from_json("overrides", overrides, dict, '{"epochs": 5, "n_train": 500}')
     methods = _from_json("methods", methods, list, '["Base", "CCU"]')
-    prof = get_profile(profile, **overrides)
+    prof = get_profile(profile, dataset, **overrides)
     for name in methods:
         if not isinstance(name, str):
             raise ValueError(f"parameter methods must list method names, not {name!r}.")

@@ -73,7 +73,8 @@ def check_grid(
     if not isinstance(overrides or {}, dict):
         raise UsageError(f"overrides {where} must be a mapping of profile fields.")
     try:
-        get_profile(profile, **dict(overrides or {}))
+        for dataset in datasets:
+            get_profile(profile, dataset, **dict(overrides or {}))
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{exc} ({where})") from exc
     if not (device == "cpu" or device.startswith("cuda")):
@@ -99,12 +100,13 @@ def parse_overrides(text: str | None) -> dict:
     return value
 
 
-def profile(name: str, overrides: str | None):
-    """The profile ``name`` with the ``--overrides`` JSON applied (a :class:`ccu.Profile`)."""
+def profile(name: str, overrides: str | None, dataset: str | None = None):
+    """The profile ``name`` with the ``--overrides`` JSON applied (a :class:`ccu.Profile`), for
+    ``dataset`` (``smoke`` is scaled to its network, :func:`ccu.config.get_profile`)."""
     from ccu.config import get_profile
 
     try:
-        return get_profile(name, **parse_overrides(overrides))
+        return get_profile(name, dataset, **parse_overrides(overrides))
     except (TypeError, ValueError) as exc:
         if isinstance(exc, UsageError):
             raise

@@ -89,7 +89,7 @@ def _spec(args, device=True, dataset=None, seed=None):
     from ccu.checks import profile
     from ccu.records import RunSpec, TrainerOptions
 
-    prof = profile(args.profile, args.overrides)
+    prof = profile(args.profile, args.overrides, dataset or args.dataset)
     options = TrainerOptions(args.precision, args.channels_last, args.compile)
     method = args.method if isinstance(args.method, str) else "CCU"
     device = _device(args) if device else args.device
@@ -189,12 +189,16 @@ def cmd_tables(args) -> int:
     from ccu import aggregate
     from ccu.checks import profile
 
-    prof = profile(args.profile, args.overrides)
     for dataset in args.dataset:
         out = args.out and Path(args.out) / dataset
         try:
             written, _ = aggregate.write_tables(
-                prof, dataset, _root(args), args.seed, out, args.method
+                profile(args.profile, args.overrides, dataset),
+                dataset,
+                _root(args),
+                args.seed,
+                out,
+                args.method,
             )
         except aggregate.NoResultsError as exc:
             raise MissingError(str(exc)) from exc
@@ -208,7 +212,7 @@ def cmd_reference(args) -> int:
     from ccu.checks import profile
     from ccu.reference_results import write_reference
 
-    prof = profile(args.profile, args.overrides)
+    prof = profile(args.profile, args.overrides, args.dataset)
     out = write_reference(args.dataset, prof, args.seed, args.out, _root(args), args.method)
     print(f"reference results of {args.dataset} (seed {args.seed}) written to {out}")
     return EXIT_OK
@@ -219,9 +223,9 @@ def cmd_run(args) -> int:
     from ccu import steps
 
     steps.check_time_flags(args.stop_after, args.budget_seconds)
-    spec = _spec(args, dataset=args.dataset[0], seed=args.seed[0])
+    specs = [_spec(args, dataset=d, seed=args.seed[0]) for d in args.dataset]
     steps.run_all(
-        spec, args.dataset, args.seed, args.method, _root(args), args.stop_after,
+        specs, args.seed, args.method, _root(args), args.stop_after,
         args.budget_seconds, args.reference_out, progress=not args.no_progress,
     )  # fmt: skip
     return EXIT_OK

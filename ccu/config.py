@@ -22,6 +22,7 @@ from ccu.settings import (
     CHAPTER_FIELDS,
     LABELLED_PROFILES,
     PROFILES,
+    SMOKE_SCALE,
     TRAINING_FIELDS,
     Profile,
     TrainSettings,
@@ -34,6 +35,7 @@ __all__ = [
     "LABELLED_PROFILES",
     "PROFILES",
     "PROFILE_CHECKS",
+    "SMOKE_SCALE",
     "TRAINING_FIELDS",
     "Profile",
     "TrainSettings",
@@ -43,12 +45,16 @@ __all__ = [
 ]
 
 
-def get_profile(name: str, **overrides) -> Profile:
+def get_profile(name: str, dataset: str | None = None, **overrides) -> Profile:
     """The profile called ``name`` (``smoke``, ``cpu`` or ``paper``), with optional overrides.
 
     A profile with overrides that change it is renamed after them (:func:`profile_label`, e.g.
     ``paper-e30`` or ``smoke-e2-n400``): a reduced run never passes for the paper's protocol,
-    and runs of different settings never share a results folder."""
+    and runs of different settings never share a results folder. Given the ``dataset`` it runs
+    on, ``smoke`` is scaled to the dataset's network first (:data:`SMOKE_SCALE`; ResNet18 sets
+    train fewer epochs on fewer points and score fewer test points), as overrides that the
+    given ones take precedence over, e.g. ``get_profile("smoke", "fmnist")`` is
+    ``smoke-e2-n200-seeds10-steps10-restarts2-test500``."""
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}.")
     unknown = set(overrides) - {f.name for f in fields(Profile)} | ({"name"} & set(overrides))
@@ -57,6 +63,8 @@ def get_profile(name: str, **overrides) -> Profile:
             f"cannot override {sorted(unknown)}; profile fields: "
             f"{[f.name for f in fields(Profile) if f.name != 'name']}."
         )
+    if dataset is not None and name == "smoke":
+        overrides = {**SMOKE_SCALE.get(train_settings(dataset).classifier, {}), **overrides}
     if isinstance(overrides.get("vgg_methods"), list):  # from JSON (papermill): a list
         overrides["vgg_methods"] = tuple(overrides["vgg_methods"])
     profile = replace(PROFILES[name], **overrides) if overrides else PROFILES[name]
@@ -70,6 +78,7 @@ def get_profile(name: str, **overrides) -> Profile:
 #: fields that must be positive integers, with what they count
 _COUNTS = {
     "epochs": "training epochs",
+    "n_test": "test points scored (null: all)",
     "n_components": "mixture components",
     "n_seeds": "noise points to certify and attack",
     "attack_steps": "PGD steps",
@@ -83,7 +92,7 @@ def _check_counts(profile: Profile) -> None:
     train every method, then find no noise point to attack)."""
     for name, what in {**_COUNTS, "n_train": "training points (null: all)"}.items():
         value = getattr(profile, name)
-        if name == "n_train" and value is None:
+        if name in ("n_train", "n_test") and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(

@@ -100,13 +100,13 @@ def run_method(
     The run holds the lock of its directory: a second process asking for the same run waits and
     then loads it. A corrupt result file raises :class:`ccu.results.CorruptResultError`.
     """
-    prof = profile if isinstance(profile, Profile) else get_profile(profile)
+    prof = profile if isinstance(profile, Profile) else get_profile(profile, dataset)
     if options is None:
         options = TrainerOptions(precision, channels_last, compile)
     spec = RunSpec(dataset, method, prof, seed, device, options)
     settings = train_settings(dataset)
     if data is None:
-        data = load_dataset(dataset, seed=seed).subset(prof.n_train)
+        data = load_dataset(dataset, seed=seed).subset(prof.n_train, prof.n_test)
     cls = get_method(method)
     m = cls(data.spec, settings, prof, seed=seed, device=device, **options.as_kwargs())
     files = store.MethodStore(store.method_dir(prof, dataset, method, root, seed))
@@ -477,7 +477,7 @@ def adversarial_noise(
             "certified balls."
         )
     ball_method = "CCU" if "CCU" in certifying else certifying[0]
-    prof = profile if isinstance(profile, Profile) else get_profile(profile)
+    prof = profile if isinstance(profile, Profile) else get_profile(profile, data.name)
     model = runs[ball_method].method.certifier()
     directory = store.adversarial_dir(prof, data.name, root, seed)
     with store.locked(directory, "the adversarial-noise experiment"):

@@ -31,6 +31,9 @@ class Profile:
     paper_networks: bool = False
     # further methods trained on VGG13 instead of the dataset's network (an override)
     vgg_methods: tuple[str, ...] = ()
+    # cap on the in-distribution test points scored (a seeded draw); the OOD test sets are as
+    # large as the test set (None: all, the paper)
+    n_test: int | None = None
 
     def __post_init__(self):
         if isinstance(self.vgg_methods, list):
@@ -44,7 +47,13 @@ class Profile:
                 )
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Its fields; those added after a run format was fixed (:data:`OPTIONAL_FIELDS`) only
+        when set, so that the config of a run that does not use them stays as it was."""
+        out = asdict(self)
+        for name, default in OPTIONAL_FIELDS.items():
+            if out[name] == default:
+                del out[name]
+        return out
 
     @property
     def base(self) -> str:
@@ -83,6 +92,7 @@ _MINIMUM = {
     "grid": 2,
     "acet_steps": 1,
     "ensemble": 1,
+    "n_test": 1,
 }
 _EXAMPLES = {
     "name": '"smoke"',
@@ -93,8 +103,9 @@ _EXAMPLES = {
     **{
         k: f'{{"{k}": {max(v, 2) * 5}}}'
         for k, v in _MINIMUM.items()
-        if k not in ("epochs", "n_train")
+        if k not in ("epochs", "n_train", "n_test")
     },
+    "n_test": '{"n_test": 1000} or {"n_test": null} (all points)',
 }
 
 
@@ -107,11 +118,11 @@ def _field_problem(name: str, value) -> str | None:
     if name == "vgg_methods":
         ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
         return None if ok else "a list of method names"
-    if name == "n_train" and value is None:
+    if name in ("n_train", "n_test") and value is None:
         return None
     whole = isinstance(value, int) and not isinstance(value, bool)
     if not whole or value < _MINIMUM[name]:
-        extra = " or null (all points)" if name == "n_train" else ""
+        extra = " or null (all points)" if name in ("n_train", "n_test") else ""
         return f"a whole number >= {_MINIMUM[name]}{extra}"
     return None
 
@@ -122,6 +133,27 @@ PROFILES: dict[str, Profile] = {
     "paper": Profile("paper", 100, None, 100, 200, 500, 50, 200, 400, paper_networks=True),
 }
 
+
+#: fields added to :class:`Profile` after runs were first saved, with the value that means "not
+#: used": :meth:`Profile.as_dict` leaves them out at that value (old configs stay valid)
+OPTIONAL_FIELDS = {"n_test": None}
+
+#: the ``smoke`` profile per network (:attr:`TrainSettings.classifier` of the dataset): profile
+#: fields that replace the defaults on datasets whose network is slow on a CPU, so that every
+#: chapter runs in minutes on 2 cores (ResNet18 trains ~30-60 images/s per core at 32x32; the
+#: README's table "smoke on every dataset" has the measured times). The run is named after them
+#: like any override (``smoke-e2-n200-seeds10-steps10-restarts2-test500``): it never shares a folder with an
+#: unscaled smoke run. :func:`ccu.config.get_profile` applies them when given the dataset.
+SMOKE_SCALE: dict[str, dict] = {
+    "resnet18": {
+        "epochs": 2,
+        "n_train": 200,
+        "n_test": 500,
+        "n_seeds": 10,
+        "attack_steps": 10,
+        "attack_restarts": 2,
+    },
+}
 
 #: profiles renamed after the overrides that change them (every built-in profile): ``paper``
 #: with 30 epochs is ``paper-e30``, ``smoke`` with 2 epochs ``smoke-e2``, so that their results,
@@ -143,6 +175,7 @@ _SHORT = {
     "n_seeds": "seeds",
     "attack_steps": "steps",
     "attack_restarts": "restarts",
+    "n_test": "test",
 }
 
 

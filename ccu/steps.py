@@ -33,7 +33,9 @@ def load_data(spec: RunSpec):
     ``n_train``."""
     from ccu.data import load_dataset
 
-    return load_dataset(spec.dataset, seed=spec.seed).subset(spec.profile.n_train)
+    return load_dataset(spec.dataset, seed=spec.seed).subset(
+        spec.profile.n_train, spec.profile.n_test
+    )
 
 
 def device_name(device: str) -> str:
@@ -341,11 +343,12 @@ def check_time_flags(stop_after, budget_seconds) -> None:
 
 
 def run_all(
-    spec: RunSpec, datasets, seeds, methods, root=None, stop_after=None, budget_seconds=None,
+    specs: list[RunSpec], seeds, methods, root=None, stop_after=None, budget_seconds=None,
     reference_out=None, progress=True,
 ) -> None:  # fmt: skip
     """``ccu run``: every step for every (dataset, seed), one method after another (CCU first),
-    then each dataset's tables (mean ± sd over ``seeds``, :mod:`ccu.aggregate`), printed.
+    then each dataset's tables (mean ± sd over ``seeds``, :mod:`ccu.aggregate`), printed. One
+    spec per dataset (its profile is the dataset's: :func:`ccu.config.get_profile`).
     ``stop_after``: seconds after which the run stops at the next safe point
     (:class:`ccu.deadline.StopForTime`; the same call again continues)."""
     from dataclasses import replace
@@ -360,10 +363,11 @@ def run_all(
     deadline = time_box.Deadline(stop_after) if stop_after is not None else None
     box = TimeBox(deadline)
     with time_box.active(deadline):
-        for dataset in datasets:
+        for spec in specs:
+            dataset = spec.dataset
             for seed in seeds:
                 box.stop_before(f"{dataset} seed {seed}")
-                one = replace(spec, dataset=dataset, seed=seed)
+                one = replace(spec, seed=seed)
                 run_seed(one, order, box, root, budget_seconds, reference_out, progress)
             written, _ = aggregate.write_tables(spec.profile, dataset, root, seeds)
             md = next(p for p in written if p.suffix == ".md")

@@ -186,3 +186,29 @@ def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
         ).read_text()
     )
     assert set(table["methods"]) == set(methods)
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize(
+    "chapter, dataset, mirror",
+    [("training", "fmnist", "fashion-mnist"), ("adversarial_noise", "cifar10-jpeg", "cifar10")],
+)
+def test_a_chapter_on_a_resnet18_dataset_with_the_scaled_smoke(
+    chapter, dataset, mirror, tmp_path, monkeypatch
+):
+    """The README's papermill path on the full-size ResNet18 datasets: ``smoke`` is scaled to the
+    network (ccu.settings.SMOKE_SCALE), so the chapter runs in minutes on 2 cores, and the run
+    is stored under the scaled profile's own name."""
+    if not (Path(__file__).resolve().parents[2] / "shared" / "data" / mirror).is_dir():
+        pytest.skip(f"offline {dataset} mirror not found")
+    monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
+    nb = _run(tmp_path, chapter, dataset=dataset)
+    prof = get_profile("smoke", dataset)
+    assert prof.name != "smoke" and prof.n_test is not None
+    run = tmp_path / "results" / prof.training_label / dataset / "seed0" / "CCU"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["profile"]["n_test"] == prof.n_test and cfg["profile"]["epochs"] == prof.epochs
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["n_test"] == prof.n_test
+    if chapter == "adversarial_noise":
+        assert _glued(nb)["adv_ccu_bound_violations"] == "0"

@@ -75,13 +75,13 @@ def prepare(args):
     overrides = json.loads(args.overrides) if args.overrides else {}
     if not isinstance(overrides, dict):
         raise ValueError(f"--overrides must be a JSON object; got {args.overrides}.")
-    return get_profile(args.profile, **overrides)
+    return get_profile(args.profile, args.dataset, **overrides)
 
 
 def compare(args, prof) -> Path:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    data = load_dataset(args.dataset, seed=args.seed).subset(prof.n_train)
+    data = load_dataset(args.dataset, seed=args.seed).subset(prof.n_train, prof.n_test)
     root = Path(args.results) if args.results else None
     runs = {
         m: E.run_method(args.dataset, m, prof, args.seed, args.device, data=data, root=root)

@@ -84,19 +84,32 @@ class Dataset:
             h.update(t.detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
 
-    def subset(self, n_train: int | None) -> Dataset:
+    def subset(self, n_train: int | None, n_test: int | None = None) -> Dataset:
         """The first ``n_train`` training points (stratification is kept by the loaders'
-        shuffling); the test set and out-distribution are unchanged."""
-        if n_train is None or n_train >= len(self.train_x):
+        shuffling) and, with ``n_test``, ``n_test`` test points drawn without replacement
+        (seeded by the dataset's seed, kept in their order: a test set stored class by class
+        still gives every class); the out-distribution is unchanged. The OOD test sets are
+        as large as the test set (:func:`ccu.data.load_ood`), so ``n_test`` caps the scoring
+        of a run (the ``smoke`` profile of the ResNet18 datasets, :data:`ccu.settings.SMOKE_SCALE`)."""
+        n_train = None if n_train is None or n_train >= len(self.train_x) else n_train
+        n_test = None if n_test is None or n_test >= len(self.test_x) else n_test
+        if n_train is None and n_test is None:
             return self
+        test_x, test_y, info = self.test_x, self.test_y, dict(self.info)
+        if n_train is not None:
+            info["n_train"] = n_train
+        if n_test is not None:
+            gen = torch.Generator().manual_seed(self.seed + 11)
+            keep = torch.randperm(len(self.test_x), generator=gen)[:n_test].sort().values
+            test_x, test_y, info["n_test"] = self.test_x[keep], self.test_y[keep], n_test
         return Dataset(
             self.spec,
             self.train_x[:n_train],
             self.train_y[:n_train],
-            self.test_x,
-            self.test_y,
+            test_x,
+            test_y,
             self.out_x,
             self.out_description,
             self.seed,
-            dict(self.info, n_train=n_train),
+            info,
         )
