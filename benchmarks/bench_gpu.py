@@ -49,7 +49,7 @@ from torchvision.transforms import v2 as T
 import ccu
 from ccu.data import Dataset, get_spec
 from ccu.data.augment import Augmentation
-from ccu.data.loaders import PairedLoader, epoch_indices
+from ccu.data.batches import PairedLoader, epoch_indices
 from ccu.model import CCU
 
 NETWORKS = {  # network: (dataset record for shape/augmentation/settings, in-set size)

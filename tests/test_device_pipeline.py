@@ -23,7 +23,7 @@ from ccu.data.augment import (
     crop_flip,
     crop_flip_params,
 )
-from ccu.data.loaders import PairedLoader
+from ccu.data.batches import PairedLoader
 
 
 @pytest.mark.parametrize("scheme", [MNIST_LIKE, SVHN_LIKE, CIFAR_LIKE, DIGITS_8X8])

@@ -38,11 +38,11 @@ class DatasetSpec:
     shape: tuple[int, ...]  # one sample, without the batch dimension
     description: str  # one line: what the data is, its split sizes, where it comes from
     loader: Callable[[int, object], Splits]  # (seed, data root) -> splits
-    out_distribution: Callable  # (shape, seed, data root) -> ccu.data.outdist.OutSet
+    out_distribution: Callable  # (shape, seed, data root) -> ccu.data.out_distributions.OutSet
     settings: TrainSettings = field(default_factory=TrainSettings)
     augmentation: Augmentation | None = None  # None: no augmentation
     paper_name: str | None = None  # the paper's name for it (its tables' rows); None: not in it
-    ood_sets: tuple[str, ...] = ()  # Table 2's columns, names of ccu.data.oodsets.OOD_SETS
+    ood_sets: tuple[str, ...] = ()  # Table 2's columns, names of ccu.data.ood_test_sets.OOD_SETS
     value_range: tuple[float, float] | None = (0.0, 1.0)  # None: unbounded (toy data)
 
     @property

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ccu.data.ood import grey_resized, noise_set, uniform_noise
-from ccu.data.outdist import chw_float
+from ccu.data.out_distributions import chw_float
 from ccu.data.sources import (
     DataNotFoundError,
     data_root,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ccu.data.outdist import chw_float
+from ccu.data.out_distributions import chw_float
 from ccu.data.sources import cifar10_mirror, mnist_test_mirror, torchvision_dataset
 from ccu.data.spec import Splits
 
