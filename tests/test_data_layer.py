@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ccu.data as D
-from ccu.data import sources
+from ccu.data import cifar10, sources
 
 SHARED = sources.REPO_ROOT.parent / "shared" / "data"
 needs_mirror = pytest.mark.skipif(
@@ -84,9 +84,9 @@ def test_corrupt_or_truncated_mirror_is_refused(tmp_path):
     dst = tmp_path / "cifar10" / "test.npz"
     dst.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
     with pytest.raises(D.CorruptDataError, match="corrupt or truncated"):
-        sources.cifar10_mirror("test", root=tmp_path)
+        cifar10.mirror_npz("test", root=tmp_path)
     shutil.copy(src, dst)
-    assert sources.cifar10_mirror("test", root=tmp_path)[0].shape == (10000, 32, 32, 3)
+    assert cifar10.mirror_npz("test", root=tmp_path)[0].shape == (10000, 32, 32, 3)
 
 
 def test_bad_names_and_roots(tmp_path):
@@ -111,7 +111,7 @@ def test_noise_set_properties():
             shuffled[i].flatten().sort().values, x[i].flatten().sort().values
         )
         assert float(noise[i].min()) == 0.0 and float(noise[i].max()) == pytest.approx(1.0)
-    lo, hi = D.ood.NOISE_SIGMA_RANGE
+    lo, hi = D.ood_test_sets.NOISE_SIGMA_RANGE
     assert bool(((sigmas >= lo) & (sigmas <= hi)).all())
     assert torch.equal(noise, D.noise_set(x, seed=3))
     assert not torch.equal(noise, D.noise_set(x, seed=4))

@@ -16,7 +16,7 @@ import torch
 import ccu
 import ccu.data as D
 from ccu import report
-from ccu.data import archives, download, out_distributions, sources
+from ccu.data import archives, cifar10, download, out_distributions, sources
 
 SHARED = sources.REPO_ROOT.parent / "shared" / "data"
 needs = {
@@ -154,7 +154,7 @@ def test_cifar10_jpeg_decoding_matches_the_npz_mirrors():
     (both decoded from the same JPEG files), in the same order."""
     a = archives.decode_cifar10_jpeg_tar(SHARED / archives.CIFAR10_JPEG_FILE, per_class=5)
     assert a["train_x"].shape == (50, 3, 32, 32) and a["test_x"].shape == (50, 3, 32, 32)
-    x10, y10 = sources.cifar10_mirror("train_10k")
+    x10, y10 = cifar10.mirror_npz("train_10k")
     idx = np.concatenate([np.flatnonzero(y10 == c)[:5] for c in range(10)])
     np.testing.assert_array_equal(a["train_y"], y10[idx])
     diff = np.abs(a["train_x"].astype(int) - x10[idx].transpose(0, 3, 1, 2).astype(int))

@@ -1,7 +1,8 @@
-"""Loaders of the in-distributions: each returns the train and test splits and their source.
+"""The in-distributions (the datasets a classifier is trained on): one loader per dataset.
 
-Every loader has the signature ``(seed, root) -> Splits``; the registry
-(:mod:`ccu.data.registry`) pairs each with its record.
+Every loader has the signature ``(seed, root) -> Splits`` (the train and test splits and their
+source); the registry (:mod:`ccu.data.registry`) pairs each with its record. CIFAR-10's copies
+are read through :func:`ccu.data.cifar10.cifar10_split`.
 """
 
 from __future__ import annotations
@@ -9,13 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ccu.data.out_distributions import chw_float
-from ccu.data.sources import cifar10_mirror, mnist_test_mirror, torchvision_dataset
+from ccu.data.archives import CIFAR10_JPEG_FILE
+from ccu.data.cifar10 import cifar10_split
+from ccu.data.sources import mnist_test_mirror, torchvision_dataset
 from ccu.data.spec import Splits
-
-
-def _hwc_to_chw(x: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
 
 
 def moons(seed: int, root=None) -> Splits:
@@ -25,7 +23,9 @@ def moons(seed: int, root=None) -> Splits:
     x = (x - x.mean(0)).astype(np.float32)
     idx = np.random.default_rng(seed).permutation(len(x))
     x, y = x[idx], y[idx]
-    return Splits((x[:1000], y[:1000]), (x[1000:], y[1000:]), "sklearn.datasets.make_moons")
+    return Splits(
+        train=(x[:1000], y[:1000]), test=(x[1000:], y[1000:]), source="sklearn.datasets.make_moons"
+    )
 
 
 def digits(seed: int, root=None) -> Splits:
@@ -36,7 +36,7 @@ def digits(seed: int, root=None) -> Splits:
     x = (bunch.images / 16.0).astype(np.float32)[:, None]  # (1797, 1, 8, 8) in [0, 1]
     y = bunch.target.astype(np.int64)
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=397, stratify=y, random_state=seed)
-    return Splits((xtr, ytr), (xte, yte), "sklearn.datasets.load_digits")
+    return Splits(train=(xtr, ytr), test=(xte, yte), source="sklearn.datasets.load_digits")
 
 
 def mnist_offline(seed: int, root=None) -> Splits:
@@ -48,18 +48,24 @@ def mnist_offline(seed: int, root=None) -> Splits:
     x = images.numpy().astype(np.float32)[:, None] / 255.0
     y = labels.numpy()
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=2000, stratify=y, random_state=seed)
-    return Splits((xtr, ytr), (xte, yte), "offline mirror mnist/t10k-*-ubyte.gz (MNIST test set)")
+    return Splits(
+        train=(xtr, ytr),
+        test=(xte, yte),
+        source="offline mirror mnist/t10k-*-ubyte.gz (MNIST test set)",
+    )
 
 
 def cifar10_offline(seed: int, root=None) -> Splits:
     """The 10,000-image CIFAR-10 subset of the mirror (the stand-in kept for the committed
-    reference results; ``cifar10-jpeg`` is the full set)."""
-    xtr, ytr = cifar10_mirror("train_10k", root)
-    xte, yte = cifar10_mirror("test", root)
+    reference results; ``cifar10-jpeg`` is the full set). The images keep the memory layout
+    (channels last) that the committed results were computed with."""
+    train = cifar10_split("train_10k", root, copies=("npz",))
+    test = cifar10_split("test", root, copies=("npz",))
     return Splits(
-        (_hwc_to_chw(xtr), ytr),
-        (_hwc_to_chw(xte), yte),
-        "offline mirror cifar10/train_10k.npz, cifar10/test.npz (decoded from the JPEG copy)",
+        train=(train.x.contiguous(memory_format=torch.channels_last), train.y),
+        test=(test.x.contiguous(memory_format=torch.channels_last), test.y),
+        source="offline mirror cifar10/train_10k.npz, cifar10/test.npz (decoded from the JPEG "
+        "copy)",
     )
 
 
@@ -70,10 +76,17 @@ def torchvision_set(name: str):
     def load(seed: int, root=None) -> Splits:
         xtr, ytr, source = torchvision_dataset(name, "train", root)
         xte, yte, _ = torchvision_dataset(name, "test", root)
-        return Splits((xtr, ytr), (xte, yte), source)
+        return Splits(train=(xtr, ytr), test=(xte, yte), source=source)
 
     load.__doc__ = f"{name}: the official train and test splits (torchvision)."
     return load
+
+
+def cifar10_original(seed: int, root=None) -> Splits:
+    """CIFAR-10, the original release: torchvision's files in the data root, else downloaded."""
+    train = cifar10_split("train", root, copies=("original",), download=True)
+    test = cifar10_split("test", root, copies=("original",), download=True)
+    return Splits(train=(train.x, train.y), test=(test.x, test.y), source=train.source)
 
 
 def cifar10_jpeg(seed: int, root=None) -> Splits:
@@ -81,15 +94,13 @@ def cifar10_jpeg(seed: int, root=None) -> Splits:
 
     The archive lists images by class; the training set is shuffled with ``seed`` (so that
     ``Dataset.subset`` stays stratified), the test set with a fixed permutation."""
-    from ccu.data.archives import CIFAR10_JPEG_FILE
-    from ccu.data.archives import cifar10_jpeg as decoded
-
-    a = decoded(root)
-    train = torch.randperm(len(a["train_y"]), generator=torch.Generator().manual_seed(seed))
-    test = torch.randperm(len(a["test_y"]), generator=torch.Generator().manual_seed(0))
+    train = cifar10_split("train", root, copies=("jpeg",))
+    test = cifar10_split("test", root, copies=("jpeg",))
+    p = torch.randperm(len(train.y), generator=torch.Generator().manual_seed(seed))
+    q = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(0))
     return Splits(
-        (chw_float(a["train_x"][train.numpy()]), a["train_y"][train.numpy()]),
-        (chw_float(a["test_x"][test.numpy()]), a["test_y"][test.numpy()]),
-        f"offline mirror {CIFAR10_JPEG_FILE} (JPEG quality 75 copy of CIFAR-10, decoded with "
-        "torchvision.io.decode_jpeg)",
+        train=(train.x[p], train.y[p.numpy()]),
+        test=(test.x[q], test.y[q.numpy()]),
+        source=f"offline mirror {CIFAR10_JPEG_FILE} (JPEG quality 75 copy of CIFAR-10, decoded "
+        "with torchvision.io.decode_jpeg)",
     )

@@ -1,11 +1,13 @@
-"""The OOD test sets (Table 2's columns): one record per set, and :func:`load_ood`.
+"""The OOD test sets (Table 2's columns): one record per set, the generated sets, :func:`load_ood`.
 
-Offline: ``uniform`` and ``noise`` (generated), ``grcifar10`` (CIFAR-10 test, grey 28x28),
-``mnist`` / ``fmnist`` (the mirrors, through torchvision's readers), ``imagenet-`` (the Tiny
-ImageNet test set resized to 32x32, ODIN's "Imagenet (resize)": a stand-in for the paper's own
-10,000 ImageNet images, unless you provide those) and ``cifar10`` (torchvision's files, else the
-JPEG copy). Download-only: ``emnist``, ``svhn``, ``cifar100`` (torchvision) and ``lsun_cr``
-(an image folder you provide). A set that cannot be had raises :class:`DataNotFoundError`.
+Offline: ``uniform`` and ``noise`` (generated: :func:`ccu.data.images.uniform_noise`,
+:func:`noise_set`), ``grcifar10`` (CIFAR-10 test, grey 28x28), ``mnist`` / ``fmnist`` (the
+mirrors, through torchvision's readers), ``imagenet-`` (the Tiny ImageNet test set resized to
+32x32, ODIN's "Imagenet (resize)": a stand-in for the paper's own 10,000 ImageNet images, unless
+you provide those) and ``cifar10`` (torchvision's files, else the mirror's copy; CIFAR-10 is read
+by :func:`ccu.data.cifar10.cifar10_split`). Download-only: ``emnist``, ``svhn``, ``cifar100``
+(torchvision) and ``lsun_cr`` (an image folder you provide). A set that cannot be had raises
+:class:`DataNotFoundError`.
 """
 
 from __future__ import annotations
@@ -15,19 +17,51 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.ndimage import gaussian_filter
 
-from ccu.data.ood import grey_resized, noise_set, uniform_noise
-from ccu.data.out_distributions import chw_float
-from ccu.data.sources import (
-    DataNotFoundError,
-    data_root,
-    mirror_available,
-    torchvision_dataset,
-    torchvision_present,
-)
+from ccu.data.archives import TINY_IMAGENET_FILES, tiny_imagenet
+from ccu.data.cifar10 import cifar10_split
+from ccu.data.images import chw_float, grey_resized, uniform_noise
+from ccu.data.sources import DataNotFoundError, data_root, mirror_available, torchvision_dataset
+
+#: The ACET paper draws the Noise set's smoothing width from this range.
+NOISE_SIGMA_RANGE = (1.0, 2.5)
 
 
-@dataclass(frozen=True)
+def permuted_pixels(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """Each image's pixel positions shuffled (one permutation per image, shared by channels)."""
+    gen = torch.Generator().manual_seed(seed)
+    n, c = x.shape[:2]
+    flat = x.reshape(n, c, -1)
+    out = torch.empty_like(flat)
+    for i in range(n):
+        out[i] = flat[i][:, torch.randperm(flat.shape[2], generator=gen)]
+    return out.reshape(x.shape)
+
+
+def noise_set(x: torch.Tensor, seed: int, return_details: bool = False):
+    """The paper's "Noise" OOD set from in-distribution test images ``x`` (N, C, H, W).
+
+    Pixels are permuted, smoothed by a Gaussian filter of width drawn uniformly from
+    ``NOISE_SIGMA_RANGE`` (spatial axes only), then rescaled to the full range [0, 1].
+    With ``return_details`` also returns the permuted images and the widths.
+    """
+    if x.ndim != 4:
+        raise ValueError(f"noise_set needs images (N, C, H, W); got shape {tuple(x.shape)}.")
+    shuffled = permuted_pixels(x, seed)
+    rng = np.random.default_rng(seed)
+    sigmas = rng.uniform(*NOISE_SIGMA_RANGE, size=len(x))
+    out = np.empty(x.shape, dtype=np.float32)
+    arr = shuffled.numpy()
+    for i, s in enumerate(sigmas):
+        smooth = gaussian_filter(arr[i], sigma=(0, s, s), mode="reflect")
+        lo, hi = smooth.min(), smooth.max()
+        out[i] = (smooth - lo) / (hi - lo) if hi > lo else 0.5
+    out_t = torch.from_numpy(out)
+    return (out_t, shuffled, torch.from_numpy(sigmas)) if return_details else out_t
+
+
+@dataclass(frozen=True, kw_only=True)
 class OODSpec:
     """One OOD test set: its name in the paper's tables and how to load it."""
 
@@ -59,35 +93,20 @@ def _noise(data, seed, count, root):
     return noise_set(data.test_x[:count], seed), f"generated from {data.name} test", "Noise"
 
 
-def cifar10_test_images(root=None) -> tuple[torch.Tensor, str]:
-    """CIFAR-10's 10,000 test images, float32 (N, 3, 32, 32), and their source: torchvision's
-    original files in the data root, else the mirror (``test.npz``, else the JPEG copy), else
-    a torchvision download."""
-    from ccu.data.archives import CIFAR10_JPEG_FILE, cifar10_jpeg
-    from ccu.data.sources import cifar10_mirror
-
-    if torchvision_present("cifar10", root):
-        x, _, source = torchvision_dataset("cifar10", "test", root, download=False)
-        return torch.from_numpy(x), source
-    if mirror_available("cifar10/test.npz", root):
-        x, _ = cifar10_mirror("test", root)
-        return chw_float(np.ascontiguousarray(x.transpose(0, 3, 1, 2))), (
-            "offline mirror cifar10/test.npz (decoded from the JPEG copy)"
-        )
-    if mirror_available(CIFAR10_JPEG_FILE, root):
-        return chw_float(cifar10_jpeg(root)["test_x"]), f"offline mirror {CIFAR10_JPEG_FILE}"
-    x, _, source = torchvision_dataset("cifar10", "test", root)
-    return torch.from_numpy(x), source
+def _cifar10_test(root):
+    """CIFAR-10's 10,000 test images: torchvision's original files in the data root, else the
+    mirror (``test.npz``, else the JPEG copy), else a torchvision download."""
+    return cifar10_split("test", root, copies=("original", "npz", "jpeg"), download=True)
 
 
 def _grcifar10(data, seed, count, root):
-    x, source = cifar10_test_images(root)
-    return grey_resized(x, data.spec.shape[-1])[:count], source, "GrCIFAR10"
+    cifar = _cifar10_test(root)
+    return grey_resized(cifar.x, data.spec.shape[-1])[:count], cifar.source, "GrCIFAR10"
 
 
 def _cifar10(data, seed, count, root):
-    x, source = cifar10_test_images(root)
-    return _fit(x, data.spec.shape, "cifar10")[:count], source, "CIFAR10"
+    cifar = _cifar10_test(root)
+    return _fit(cifar.x, data.spec.shape, "cifar10")[:count], cifar.source, "CIFAR10"
 
 
 def _torchvision(name: str, label: str):
@@ -141,8 +160,6 @@ def _lsun_cr(data, seed, count, root):
 
 
 def _imagenet_minus(data, seed, count, root):
-    from ccu.data.archives import TINY_IMAGENET_FILES, tiny_imagenet
-
     folder = data_root(root) / IMAGE_FOLDER_SETS["imagenet-"]
     if folder.is_dir():  # the paper's own set, provided by the user
         x = image_folder("imagenet-", data.spec.shape, root)[:count]
@@ -166,63 +183,73 @@ def _imagenet_minus(data, seed, count, root):
 OOD_SETS: dict[str, OODSpec] = {
     s.name: s
     for s in (
-        OODSpec("uniform", "Uniform", "uniform noise on [0, 1]^d", _uniform),
         OODSpec(
-            "noise",
-            "Noise",
-            "test images with permuted pixels, Gaussian-smoothed (width from [1, 2.5]), "
-            "rescaled to [0, 1]",
-            _noise,
+            name="uniform",
+            paper_name="Uniform",
+            description="uniform noise on [0, 1]^d",
+            load=_uniform,
         ),
         OODSpec(
-            "grcifar10",
-            "GrCIFAR10",
-            "CIFAR-10 test, grey-scaled and resized to 28x28 (offline from the mirror)",
-            _grcifar10,
+            name="noise",
+            paper_name="Noise",
+            description="test images with permuted pixels, Gaussian-smoothed (width from "
+            "[1, 2.5]), rescaled to [0, 1]",
+            load=_noise,
         ),
         OODSpec(
-            "mnist",
-            "MNIST",
-            "MNIST test (torchvision reader; offline mirror)",
-            _torchvision("mnist", "MNIST"),
+            name="grcifar10",
+            paper_name="GrCIFAR10",
+            description="CIFAR-10 test, grey-scaled and resized to 28x28 (offline from the mirror)",
+            load=_grcifar10,
         ),
         OODSpec(
-            "fmnist",
-            "FMNIST",
-            "Fashion-MNIST test (torchvision reader; offline mirror)",
-            _torchvision("fmnist", "FMNIST"),
+            name="mnist",
+            paper_name="MNIST",
+            description="MNIST test (torchvision reader; offline mirror)",
+            load=_torchvision("mnist", "MNIST"),
         ),
         OODSpec(
-            "emnist",
-            "EMNIST",
-            "EMNIST letters test (torchvision download)",
-            _torchvision("emnist", "EMNIST"),
-        ),
-        OODSpec("svhn", "SVHN", "SVHN test (torchvision download)", _torchvision("svhn", "SVHN")),
-        OODSpec(
-            "cifar10",
-            "CIFAR10",
-            "CIFAR-10 test (torchvision's files, else the offline JPEG copy)",
-            _cifar10,
+            name="fmnist",
+            paper_name="FMNIST",
+            description="Fashion-MNIST test (torchvision reader; offline mirror)",
+            load=_torchvision("fmnist", "FMNIST"),
         ),
         OODSpec(
-            "cifar100",
-            "CIFAR100",
-            "CIFAR-100 test (torchvision download)",
-            _torchvision("cifar100", "CIFAR100"),
+            name="emnist",
+            paper_name="EMNIST",
+            description="EMNIST letters test (torchvision download)",
+            load=_torchvision("emnist", "EMNIST"),
         ),
         OODSpec(
-            "lsun_cr",
-            "LSUN_CR",
-            "LSUN classroom, from an image folder you provide (<data root>/LSUN_CR/)",
-            _lsun_cr,
+            name="svhn",
+            paper_name="SVHN",
+            description="SVHN test (torchvision download)",
+            load=_torchvision("svhn", "SVHN"),
         ),
         OODSpec(
-            "imagenet-",
-            "Imagenet-",
-            "your <data root>/Imagenet-/ folder, else the Tiny ImageNet test set resized to "
-            "32x32 (offline mirror; ODIN's Imagenet (resize), a stand-in)",
-            _imagenet_minus,
+            name="cifar10",
+            paper_name="CIFAR10",
+            description="CIFAR-10 test (torchvision's files, else the offline JPEG copy)",
+            load=_cifar10,
+        ),
+        OODSpec(
+            name="cifar100",
+            paper_name="CIFAR100",
+            description="CIFAR-100 test (torchvision download)",
+            load=_torchvision("cifar100", "CIFAR100"),
+        ),
+        OODSpec(
+            name="lsun_cr",
+            paper_name="LSUN_CR",
+            description="LSUN classroom, from an image folder you provide (<data root>/LSUN_CR/)",
+            load=_lsun_cr,
+        ),
+        OODSpec(
+            name="imagenet-",
+            paper_name="Imagenet-",
+            description="your <data root>/Imagenet-/ folder, else the Tiny ImageNet test set "
+            "resized to 32x32 (offline mirror; ODIN's Imagenet (resize), a stand-in)",
+            load=_imagenet_minus,
         ),
     )
 }

@@ -20,7 +20,7 @@ from ccu.data.augment import Augmentation
 from ccu.settings import TrainSettings
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Splits:
     """What a record's loader returns: train and test arrays and where they came from."""
 
@@ -29,7 +29,7 @@ class Splits:
     source: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DatasetSpec:
     """One dataset: what it is, how it is loaded, trained, augmented and evaluated."""
 
@@ -51,7 +51,7 @@ class DatasetSpec:
         return f"{self.name}: {self.description}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Dataset:
     """A loaded dataset: tensors for the train and test split, and the out-distribution."""
 
@@ -90,13 +90,13 @@ class Dataset:
         if n_train is None or n_train >= len(self.train_x):
             return self
         return Dataset(
-            self.spec,
-            self.train_x[:n_train],
-            self.train_y[:n_train],
-            self.test_x,
-            self.test_y,
-            self.out_x,
-            self.out_description,
-            self.seed,
-            dict(self.info, n_train=n_train),
+            spec=self.spec,
+            train_x=self.train_x[:n_train],
+            train_y=self.train_y[:n_train],
+            test_x=self.test_x,
+            test_y=self.test_y,
+            out_x=self.out_x,
+            out_description=self.out_description,
+            seed=self.seed,
+            info=dict(self.info, n_train=n_train),
         )
