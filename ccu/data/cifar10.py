@@ -78,29 +78,35 @@ def _on_disk(copy: str, split: str, root) -> bool:
     return mirror_available(CIFAR10_JPEG_FILE, root)
 
 
-def _read(copy: str, split: str, root, download: bool) -> Cifar10Split:
+def _read(copy: str, split: str, root, download: bool, order) -> Cifar10Split:
+    pick = slice(None) if order is None else np.asarray(order)
     if copy == "original":
         x, y, source = torchvision_dataset("cifar10", split, root, download=download)
-        return Cifar10Split(x=torch.from_numpy(x), y=y, copy=copy, source=source)
+        return Cifar10Split(x=torch.from_numpy(x[pick]), y=y[pick], copy=copy, source=source)
     if copy == "npz":
         x, y = mirror_npz(split, root)
         return Cifar10Split(
-            x=chw_float(np.ascontiguousarray(x.transpose(0, 3, 1, 2))),
-            y=y,
+            x=chw_float(np.ascontiguousarray(x[pick].transpose(0, 3, 1, 2))),
+            y=y[pick],
             copy=copy,
             source=f"offline mirror cifar10/{split}.npz (decoded from the JPEG copy)",
         )
     a = cifar10_jpeg(root)
     return Cifar10Split(
-        x=chw_float(a[f"{split}_x"]),
-        y=a[f"{split}_y"],
+        x=chw_float(a[f"{split}_x"][pick]),
+        y=a[f"{split}_y"][pick],
         copy=copy,
         source=f"offline mirror {CIFAR10_JPEG_FILE}",
     )
 
 
 def cifar10_split(
-    split: str, root=None, *, copies=("original", "npz", "jpeg"), download: bool = False
+    split: str,
+    root=None,
+    *,
+    copies=("original", "npz", "jpeg"),
+    download: bool = False,
+    order=None,
 ) -> Cifar10Split:
     """CIFAR-10's ``split`` (``train``, ``test``, or the mirror's ``train_10k``) from the first
     of ``copies`` that is on disk and holds it (default: the original files in the data root,
@@ -111,13 +117,14 @@ def cifar10_split(
     :class:`ccu.data.sources.DataNotFoundError` naming the file it looked for. Images are
     float32 (N, 3, 32, 32) in [0, 1]: the original's as :func:`torchvision_dataset` returns
     them, the mirror's contiguous; the JPEG copy and the npz files list the images by class.
+    ``order`` (indices) takes the images in that order, before they are converted to float.
     """
     held = [c for c in copies if split in COPIES[c]]
     if not held:
         raise ValueError(f"no CIFAR-10 copy among {copies} holds the split {split!r}.")
     for copy in held:
         if _on_disk(copy, split, root):
-            return _read(copy, split, root, download=False)
+            return _read(copy, split, root, False, order)
     if download and split in COPIES["original"]:
-        return _read("original", split, root, download=True)
-    return _read(held[-1], split, root, download=False)
+        return _read("original", split, root, True, order)
+    return _read(held[-1], split, root, False, order)

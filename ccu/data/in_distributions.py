@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ccu.data.archives import CIFAR10_JPEG_FILE
+from ccu.data.archives import CIFAR10_COUNTS, CIFAR10_JPEG_FILE
 from ccu.data.cifar10 import cifar10_split
 from ccu.data.sources import mnist_test_mirror, torchvision_dataset
 from ccu.data.spec import Splits
@@ -94,13 +94,14 @@ def cifar10_jpeg(seed: int, root=None) -> Splits:
 
     The archive lists images by class; the training set is shuffled with ``seed`` (so that
     ``Dataset.subset`` stays stratified), the test set with a fixed permutation."""
-    train = cifar10_split("train", root, copies=("jpeg",))
-    test = cifar10_split("test", root, copies=("jpeg",))
-    p = torch.randperm(len(train.y), generator=torch.Generator().manual_seed(seed))
-    q = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(0))
+    n_train, n_test = CIFAR10_COUNTS["train"], CIFAR10_COUNTS["test"]
+    p = torch.randperm(n_train, generator=torch.Generator().manual_seed(seed)).numpy()
+    q = torch.randperm(n_test, generator=torch.Generator().manual_seed(0)).numpy()
+    train = cifar10_split("train", root, copies=("jpeg",), order=p)
+    test = cifar10_split("test", root, copies=("jpeg",), order=q)
     return Splits(
-        train=(train.x[p], train.y[p.numpy()]),
-        test=(test.x[q], test.y[q.numpy()]),
+        train=(train.x, train.y),
+        test=(test.x, test.y),
         source=f"offline mirror {CIFAR10_JPEG_FILE} (JPEG quality 75 copy of CIFAR-10, decoded "
         "with torchvision.io.decode_jpeg)",
     )
