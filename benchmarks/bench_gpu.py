@@ -49,7 +49,7 @@ from torchvision.transforms import v2 as T
 import ccu
 from ccu.data import Dataset, get_spec
 from ccu.data.augment import Augmentation
-from ccu.data.loaders import PairedLoader, epoch_indices
+from ccu.data.batches import PairedLoader, epoch_indices
 from ccu.model import CCU
 
 NETWORKS = {  # network: (dataset record for shape/augmentation/settings, in-set size)
@@ -79,14 +79,14 @@ def synthetic(dataset: str, n: int, n_test: int = 1000, seed: int = 0) -> Datase
     x = torch.rand(n, *spec.shape, generator=gen)
     y = torch.randint(0, spec.num_classes, (n,), generator=gen)
     return Dataset(
-        spec,
-        x,
-        y,
-        torch.rand(n_test, *spec.shape, generator=gen),
-        torch.randint(0, spec.num_classes, (n_test,), generator=gen),
-        torch.rand(n, *spec.shape, generator=gen),
-        "uniform noise (benchmark)",
-        seed,
+        spec=spec,
+        train_x=x,
+        train_y=y,
+        test_x=torch.rand(n_test, *spec.shape, generator=gen),
+        test_y=torch.randint(0, spec.num_classes, (n_test,), generator=gen),
+        out_x=torch.rand(n, *spec.shape, generator=gen),
+        out_description="uniform noise (benchmark)",
+        seed=seed,
     )
 
 

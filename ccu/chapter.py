@@ -19,7 +19,7 @@ from ccu import plots, reference_results
 from ccu.bounds import log_ratio_bound
 from ccu.config import Profile, TrainSettings, get_profile, train_settings
 from ccu.data import Dataset, load_dataset
-from ccu.data.ood import uniform_noise
+from ccu.data.images import uniform_noise
 
 
 class ChapterSetup(NamedTuple):

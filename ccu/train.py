@@ -8,7 +8,7 @@ get their own learning rate and no weight decay; learning rates x0.1 at the mile
     trainer = ccu.Trainer(epochs=30, settings=ccu.train_settings("digits"))
     trainer.fit(model, data)
 
-The pipeline is device-resident (:class:`ccu.data.loaders.PairedLoader`): the data lives on the
+The pipeline is device-resident (:class:`ccu.data.batches.PairedLoader`): the data lives on the
 device, batches are gathered and augmented there, and the loss, accuracy and constraint gaps
 accumulate on the device and are read once per epoch, so a GPU never waits for the host within
 an epoch. Optional: ``precision="bf16"`` (autocast for the classifier only: the densities, the
@@ -29,7 +29,7 @@ from tqdm.std import tqdm
 
 from ccu import deadline
 from ccu.data import Dataset
-from ccu.data.loaders import PairedLoader
+from ccu.data.batches import PairedLoader
 from ccu.losses import ccu_loss
 from ccu.model import CCU
 from ccu.results import CorruptResultError, write_torch

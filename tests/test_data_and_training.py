@@ -5,7 +5,7 @@ import torch
 
 import ccu
 from ccu.data import get_spec, load_dataset
-from ccu.data.loaders import epoch_indices
+from ccu.data.batches import epoch_indices
 
 
 @pytest.mark.parametrize("name", ["moons", "digits"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ccu.data as D
-from ccu.data import sources
+from ccu.data import cifar10, sources
 
 SHARED = sources.REPO_ROOT.parent / "shared" / "data"
 needs_mirror = pytest.mark.skipif(
@@ -84,9 +84,9 @@ def test_corrupt_or_truncated_mirror_is_refused(tmp_path):
     dst = tmp_path / "cifar10" / "test.npz"
     dst.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
     with pytest.raises(D.CorruptDataError, match="corrupt or truncated"):
-        sources.cifar10_mirror("test", root=tmp_path)
+        cifar10.mirror_npz("test", root=tmp_path)
     shutil.copy(src, dst)
-    assert sources.cifar10_mirror("test", root=tmp_path)[0].shape == (10000, 32, 32, 3)
+    assert cifar10.mirror_npz("test", root=tmp_path)[0].shape == (10000, 32, 32, 3)
 
 
 def test_bad_names_and_roots(tmp_path):
@@ -111,7 +111,7 @@ def test_noise_set_properties():
             shuffled[i].flatten().sort().values, x[i].flatten().sort().values
         )
         assert float(noise[i].min()) == 0.0 and float(noise[i].max()) == pytest.approx(1.0)
-    lo, hi = D.ood.NOISE_SIGMA_RANGE
+    lo, hi = D.ood_test_sets.NOISE_SIGMA_RANGE
     assert bool(((sigmas >= lo) & (sigmas <= hi)).all())
     assert torch.equal(noise, D.noise_set(x, seed=3))
     assert not torch.equal(noise, D.noise_set(x, seed=4))
@@ -162,57 +162,59 @@ def test_augmentation_is_a_padded_crop_and_seeded():
 
 
 def test_tiny_images_reader_roundtrip(tmp_path):
-    from ccu.data import outdist
+    from ccu.data import out_distributions
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(50, 32, 32, 3), dtype=np.uint8)
     # the binary stores each (32, 32, 3) image in Fortran order
-    (tmp_path / outdist.TINY_IMAGES_FILE).write_bytes(
+    (tmp_path / out_distributions.TINY_IMAGES_FILE).write_bytes(
         b"".join(im.flatten(order="F").tobytes() for im in images)
     )
     with pytest.raises(D.CorruptDataError, match="79302017"):
-        outdist.tiny_images(5, 0, root=tmp_path)
-    got = outdist.tiny_images(10, 0, root=tmp_path, strict_size=False, exclude=[0, 1, 2])
+        out_distributions.tiny_images(5, 0, root=tmp_path)
+    got = out_distributions.tiny_images(10, 0, root=tmp_path, strict_size=False, exclude=[0, 1, 2])
     assert got.shape == (10, 32, 32, 3)
     matches = [int(np.flatnonzero((images == g).all(axis=(1, 2, 3)))[0]) for g in got]
     assert len(set(matches)) == 10 and min(matches) >= 3  # distinct, exclusions respected
-    again = outdist.tiny_images(10, 0, root=tmp_path, strict_size=False, exclude=[0, 1, 2])
+    again = out_distributions.tiny_images(
+        10, 0, root=tmp_path, strict_size=False, exclude=[0, 1, 2]
+    )
     np.testing.assert_array_equal(got, again)
-    with (tmp_path / outdist.TINY_IMAGES_FILE).open("ab") as f:
+    with (tmp_path / out_distributions.TINY_IMAGES_FILE).open("ab") as f:
         f.write(b"\x00" * 100)  # truncated / trailing bytes
     with pytest.raises(D.CorruptDataError, match="not a multiple"):
-        outdist.tiny_images(5, 0, root=tmp_path, strict_size=False)
+        out_distributions.tiny_images(5, 0, root=tmp_path, strict_size=False)
 
 
 def test_300k_reader_and_out_choice(tmp_path):
-    from ccu.data import outdist
+    from ccu.data import out_distributions
 
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, size=(40, 32, 32, 3), dtype=np.uint8)
-    np.save(tmp_path / outdist.RANDOM_300K_FILE, images)
-    got = outdist.random_300k(8, 3, root=tmp_path)
+    np.save(tmp_path / out_distributions.RANDOM_300K_FILE, images)
+    got = out_distributions.random_300k(8, 3, root=tmp_path)
     assert got.shape == (8, 32, 32, 3)
-    grey = outdist.as_images(got, (1, 28, 28))
+    grey = out_distributions.as_images(got, (1, 28, 28))
     assert grey.shape == (8, 1, 28, 28) and float(grey.max()) <= 1.0
-    np.save(tmp_path / outdist.RANDOM_300K_FILE, images[..., 0])
+    np.save(tmp_path / out_distributions.RANDOM_300K_FILE, images[..., 0])
     with pytest.raises(D.CorruptDataError, match="expected uint8"):
-        outdist.random_300k(8, 3, root=tmp_path)
+        out_distributions.random_300k(8, 3, root=tmp_path)
     with pytest.raises(D.DataNotFoundError, match="tiny_images.bin"):
-        outdist.tiny_images(8, 0, root=tmp_path / "nothing")
+        out_distributions.tiny_images(8, 0, root=tmp_path / "nothing")
     moons = D.load_dataset("moons", out="uniform", n_out=100)
     assert moons.out_x.shape == (100, 2) and "uniform" in moons.out_description
     with pytest.raises(ValueError, match="unknown out-distribution"):
         D.load_dataset("moons", out="tiny")
     with pytest.raises(ValueError, match="do not fit"):
-        D.load_dataset("digits", out="300k", out_path=tmp_path / outdist.RANDOM_300K_FILE)
+        D.load_dataset("digits", out="300k", out_path=tmp_path / out_distributions.RANDOM_300K_FILE)
 
 
 @needs_mirror
 def test_300k_as_out_distribution_for_mnist_offline(tmp_path):
-    from ccu.data import outdist
+    from ccu.data import out_distributions
 
     images = np.random.default_rng(2).integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
-    np.save(tmp_path / outdist.RANDOM_300K_FILE, images)
+    np.save(tmp_path / out_distributions.RANDOM_300K_FILE, images)
     d = D.load_dataset("mnist-offline", out="300k", n_out=32, root=tmp_path)
     assert d.out_x.shape == (32, 1, 28, 28) and d.info["out"] == "300k"
 
@@ -240,7 +242,7 @@ def test_torchvision_emnist_reader_offline(tmp_path):
 def test_paired_loader_and_covariance_sample():
     import ccu
     from ccu.data.augment import covariance_sample
-    from ccu.data.loaders import PairedLoader
+    from ccu.data.batches import PairedLoader
 
     data = D.load_dataset("digits").subset(300)
     loader = PairedLoader(data, batch_size=64, seed=0, augment=True)

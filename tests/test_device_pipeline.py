@@ -23,7 +23,7 @@ from ccu.data.augment import (
     crop_flip,
     crop_flip_params,
 )
-from ccu.data.loaders import PairedLoader
+from ccu.data.batches import PairedLoader
 
 
 @pytest.mark.parametrize("scheme", [MNIST_LIKE, SVHN_LIKE, CIFAR_LIKE, DIGITS_8X8])
@@ -50,7 +50,7 @@ def test_crop_flip_params_are_seeded_and_flip_only_where_the_scheme_does():
     assert 150 < int(a[1].sum()) < 350  # about half flipped
     assert not bool(crop_flip_params(500, MNIST_LIKE, torch.Generator())[1].any())
     with pytest.raises(ValueError, match="padding_mode 'symmetric' is not supported"):
-        Augmentation(2, "symmetric")
+        Augmentation(padding=2, padding_mode="symmetric")
 
 
 def _digits(n=300):

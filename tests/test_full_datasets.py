@@ -16,7 +16,7 @@ import torch
 import ccu
 import ccu.data as D
 from ccu import report
-from ccu.data import archives, download, outdist, sources
+from ccu.data import archives, cifar10, download, out_distributions, sources
 
 SHARED = sources.REPO_ROOT.parent / "shared" / "data"
 needs = {
@@ -116,7 +116,7 @@ def test_missing_full_size_data_lists_where_it_looked(tmp_path, monkeypatch):
     with pytest.raises(D.DataNotFoundError, match="MNIST/raw"):
         sources.torchvision_dataset("mnist", "train", root=tmp_path / "empty", download=False)
     with pytest.raises(D.DataNotFoundError, match="cifar-10-batches-py") as err:
-        outdist.grey_natural_out((1, 28, 28), root=tmp_path / "empty")
+        out_distributions.grey_natural_out((1, 28, 28), root=tmp_path / "empty")
     assert "tiny-imagenet" in str(err.value) and "out='uniform'" in str(err.value)
     digits = D.load_dataset("digits")
     with pytest.raises(D.DataNotFoundError, match="Imagenet-") as err:
@@ -154,7 +154,7 @@ def test_cifar10_jpeg_decoding_matches_the_npz_mirrors():
     (both decoded from the same JPEG files), in the same order."""
     a = archives.decode_cifar10_jpeg_tar(SHARED / archives.CIFAR10_JPEG_FILE, per_class=5)
     assert a["train_x"].shape == (50, 3, 32, 32) and a["test_x"].shape == (50, 3, 32, 32)
-    x10, y10 = sources.cifar10_mirror("train_10k")
+    x10, y10 = cifar10.mirror_npz("train_10k")
     idx = np.concatenate([np.flatnonzero(y10 == c)[:5] for c in range(10)])
     np.testing.assert_array_equal(a["train_y"], y10[idx])
     diff = np.abs(a["train_x"].astype(int) - x10[idx].transpose(0, 3, 1, 2).astype(int))
@@ -307,18 +307,18 @@ def test_300k_download_verifies_resumes_and_feeds_load_dataset(tmp_path, monkeyp
     md5 = hashlib.md5(payload).hexdigest()
     server = _Server(payload)
     try:
-        monkeypatch.setattr(outdist, "RANDOM_300K_URL", server.url)
-        monkeypatch.setattr(outdist, "RANDOM_300K_MD5", md5)
+        monkeypatch.setattr(out_distributions, "RANDOM_300K_URL", server.url)
+        monkeypatch.setattr(out_distributions, "RANDOM_300K_MD5", md5)
         # an interrupted earlier attempt left the first 1,000 bytes: only the rest is fetched
-        part = tmp_path / (outdist.RANDOM_300K_FILE + ".partial")
+        part = tmp_path / (out_distributions.RANDOM_300K_FILE + ".partial")
         part.write_bytes(payload[:1000])
         d = D.load_dataset("mnist-offline", out="300k", n_out=10, root=tmp_path)
         assert server.requests == ["bytes=1000-"] and not part.exists()
-        assert (tmp_path / outdist.RANDOM_300K_FILE).read_bytes() == payload
+        assert (tmp_path / out_distributions.RANDOM_300K_FILE).read_bytes() == payload
         assert d.out_x.shape == (10, 1, 28, 28) and "300K random images" in d.out_description
         assert d.info["out"] == "300k" and d.info["n_out"] == 10
-        got = outdist.random_300k(10, 0, root=tmp_path)
-        again = outdist.random_300k(10, 0, root=tmp_path)  # no second download
+        got = out_distributions.random_300k(10, 0, root=tmp_path)
+        again = out_distributions.random_300k(10, 0, root=tmp_path)  # no second download
         assert len(server.requests) == 1 and np.array_equal(got, again)
         assert all((images == g).all(axis=(1, 2, 3)).any() for g in got)
     finally:
@@ -330,13 +330,13 @@ def test_300k_download_errors_and_a_server_without_ranges(tmp_path):
     md5 = hashlib.md5(payload).hexdigest()
     server = _Server(payload, ranges=False)
     try:
-        dest = tmp_path / "a" / outdist.RANDOM_300K_FILE
+        dest = tmp_path / "a" / out_distributions.RANDOM_300K_FILE
         part = dest.with_name(dest.name + ".partial")
         dest.parent.mkdir()
         part.write_bytes(b"garbage that must not survive")
         assert download.download(server.url, dest, md5) == dest  # 200, not 206: starts over
         assert dest.read_bytes() == payload
-        other = tmp_path / "b" / outdist.RANDOM_300K_FILE
+        other = tmp_path / "b" / out_distributions.RANDOM_300K_FILE
         with pytest.raises(D.CorruptDataError, match="md5"):
             download.download(server.url, other, "0" * 32)
         assert not other.exists() and not other.with_name(other.name + ".partial").exists()

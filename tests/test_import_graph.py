@@ -4,8 +4,9 @@ Every ``import`` statement of every module under ``ccu/`` counts, also those ins
 an import moved into a function only to dodge a circle is still a circle (the modules still
 need each other), so it fails here like a top-level one. An edge goes from a module to the
 module it names: ``import ccu.data.registry`` and ``from ccu.data.registry import get_spec``
-to ``ccu.data.registry``; ``from ccu.data import indist`` to the submodule ``ccu.data.indist``;
-``from ccu.data import get_spec`` (a name the package re-exports) to the package ``ccu.data``.
+to ``ccu.data.registry``; ``from ccu.data import in_distributions`` to the submodule
+``ccu.data.in_distributions``; ``from ccu.data import get_spec`` (a name the package re-exports)
+to the package ``ccu.data``.
 
 The rules this enforces:
 

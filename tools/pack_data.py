@@ -173,7 +173,7 @@ def needed_files(dataset: str, files: dict[str, Path], cache: Path, log=print):
     """The mirror files (a subset of ``files``) a run of ``dataset`` needs, and per part of the
     run (``data``, ``ood:<set>``) what it uses or why it is not available offline."""
     from ccu.data import get_spec, load_dataset, load_ood
-    from ccu.data.oodsets import OOD_SETS
+    from ccu.data.ood_test_sets import OOD_SETS
 
     spec = get_spec(dataset)
     box = Sandbox(files, cache)

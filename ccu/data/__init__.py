@@ -1,20 +1,34 @@
-"""Datasets: the registry of in-distributions, training out-distributions and OOD test sets.
+"""Datasets: in-distributions, training out-distributions and OOD test sets, by role.
 
-* :mod:`ccu.data.registry`: one :class:`DatasetSpec` per dataset name, :func:`load_dataset`.
-* :mod:`ccu.data.indist`: the loaders of the in-distributions.
-* :mod:`ccu.data.outdist`: training out-distributions (offline natural images, 80M Tiny Images,
-  Outlier Exposure's 300K file).
-* :mod:`ccu.data.oodsets`: the OOD test sets (Table 2's columns), :func:`load_ood`.
-* :mod:`ccu.data.ood`: generated and derived image sets (Uniform, Noise, grey resizing).
-* :mod:`ccu.data.sources`, :mod:`ccu.data.archives`, :mod:`ccu.data.download`: the data root,
-  the offline mirrors, torchvision, decoded JPEG archives and their cache, downloads.
-* :mod:`ccu.data.augment`, :mod:`ccu.data.loaders`: augmentation, paired in/out batches.
+* Records: :mod:`ccu.data.registry` (one :class:`DatasetSpec` per dataset name,
+  :func:`load_dataset`) and :mod:`ccu.data.spec` (the record and a loaded :class:`Dataset`).
+* In-distributions (the datasets trained on): :mod:`ccu.data.in_distributions`, one loader each.
+* Training out-distributions: :mod:`ccu.data.out_distributions` (offline natural images, 80M
+  Tiny Images, Outlier Exposure's 300K file).
+* OOD test sets (Table 2's columns, the generated Uniform and Noise sets among them):
+  :mod:`ccu.data.ood_test_sets`, :func:`load_ood`.
+* Image helpers both of the above use: :mod:`ccu.data.images` (uint8 to float, grey resizing,
+  uniform noise).
+* Sources: :mod:`ccu.data.sources` (the data root, the offline mirrors, torchvision's files),
+  :mod:`ccu.data.archives` (JPEG archives decoded once and cached), :mod:`ccu.data.download`
+  (checked, resumable downloads), :mod:`ccu.data.cifar10` (CIFAR-10 from whichever copy is
+  there: the one place it is read).
+* Batches: :mod:`ccu.data.batches` (the device-resident paired in/out loader) and
+  :mod:`ccu.data.augment` (the paper's augmentation).
 """
 
 from __future__ import annotations
 
-from ccu.data.ood import grey_resized, natural_image_patches, noise_set, uniform_noise
-from ccu.data.oodsets import IMAGE_FOLDER_SETS, OOD_NAMES, OOD_SETS, OODSpec, load_ood
+from ccu.data.images import grey_resized, uniform_noise
+from ccu.data.ood_test_sets import (
+    IMAGE_FOLDER_SETS,
+    OOD_NAMES,
+    OOD_SETS,
+    OODSpec,
+    load_ood,
+    noise_set,
+)
+from ccu.data.out_distributions import natural_image_patches
 from ccu.data.registry import (
     OUT_CHOICES,
     REGISTRY,

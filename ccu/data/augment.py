@@ -26,7 +26,7 @@ import torch.nn.functional as F
 _PAD_MODES = {"constant": "constant", "edge": "replicate", "reflect": "reflect"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Augmentation:
     """A random crop after padding by ``padding`` pixels (``padding_mode`` as torchvision's
     ``RandomCrop``), optionally followed by a random horizontal flip."""
@@ -46,10 +46,10 @@ class Augmentation:
 
 
 #: The paper's schemes (and the one for scikit-learn's 8x8 digits).
-MNIST_LIKE = Augmentation(2, "constant")
-SVHN_LIKE = Augmentation(4, "edge")
-CIFAR_LIKE = Augmentation(4, "reflect", flip=True)
-DIGITS_8X8 = Augmentation(1, "constant")
+MNIST_LIKE = Augmentation(padding=2, padding_mode="constant")
+SVHN_LIKE = Augmentation(padding=4, padding_mode="edge")
+CIFAR_LIKE = Augmentation(padding=4, padding_mode="reflect", flip=True)
+DIGITS_8X8 = Augmentation(padding=1, padding_mode="constant")
 
 
 def crop_flip_params(

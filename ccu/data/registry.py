@@ -13,17 +13,17 @@ Chapters take a ``dataset`` parameter that goes straight into :func:`load_datase
   CIFAR-10), ``cifar100``.
 
 Training out-distributions come from the record (``out="proxy"``) or from :data:`OUT_CHOICES`;
-OOD test sets from :func:`ccu.data.oodsets.load_ood`.
+OOD test sets from :func:`ccu.data.ood_test_sets.load_ood`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ccu.data import indist, outdist
+from ccu.data import in_distributions, out_distributions
 from ccu.data.augment import CIFAR_LIKE, DIGITS_8X8, MNIST_LIKE, SVHN_LIKE
-from ccu.data.ood import uniform_noise
-from ccu.data.oodsets import OOD_SETS
+from ccu.data.images import uniform_noise
+from ccu.data.ood_test_sets import OOD_SETS
 from ccu.data.spec import Dataset, DatasetSpec
 from ccu.settings import TrainSettings
 
@@ -37,128 +37,132 @@ _JPEG_NOTE = (
 
 _SPECS = (
     DatasetSpec(
-        "moons",
-        2,
-        (2,),
-        "two moons (scikit-learn make_moons, noise 0.1): 1,000 train / 200 test",
-        indist.moons,
-        outdist.uniform_box(-6.0, 6.0),
+        name="moons",
+        num_classes=2,
+        shape=(2,),
+        description="two moons (scikit-learn make_moons, noise 0.1): 1,000 train / 200 test",
+        loader=in_distributions.moons,
+        out_distribution=out_distributions.uniform_box(-6.0, 6.0),
         # Toy problems use a larger GMM learning rate: with 2 or 64 dimensions and a few hundred
         # steps, 1e-5 would leave the mixtures where EM put them.
-        TrainSettings(lr=1e-2, gmm_lr=1e-2, weight_decay=0.0, batch_size=64, augment=False),
+        settings=TrainSettings(
+            lr=1e-2, gmm_lr=1e-2, weight_decay=0.0, batch_size=64, augment=False
+        ),
         value_range=None,
     ),
     DatasetSpec(
-        "digits",
-        10,
-        (1, 8, 8),
-        "scikit-learn's 8x8 handwritten digits scaled to [0, 1]: 1,400 train / 397 test, stratified",
-        indist.digits,
-        outdist.photo_patches(1400, 600),
-        TrainSettings(lr=1e-2, gmm_lr=1e-5, batch_size=128, augment=False),
-        DIGITS_8X8,
+        name="digits",
+        num_classes=10,
+        shape=(1, 8, 8),
+        description="scikit-learn's 8x8 handwritten digits scaled to [0, 1]: 1,400 train / 397 "
+        "test, stratified",
+        loader=in_distributions.digits,
+        out_distribution=out_distributions.photo_patches(1400, 600),
+        settings=TrainSettings(lr=1e-2, gmm_lr=1e-5, batch_size=128, augment=False),
+        augmentation=DIGITS_8X8,
         ood_sets=("uniform", "noise"),
     ),
     DatasetSpec(
-        "mnist",
-        10,
-        (1, 28, 28),
-        "MNIST, official 60,000 train / 10,000 test (torchvision reader; offline mirror of the "
-        "official files, else downloaded)",
-        indist.torchvision_set("mnist"),
-        outdist.natural,
-        TrainSettings(classifier="lenet", n_covariance=60_000),
-        MNIST_LIKE,
-        "MNIST",
-        ("fmnist", *_MNIST_OOD),
+        name="mnist",
+        num_classes=10,
+        shape=(1, 28, 28),
+        description="MNIST, official 60,000 train / 10,000 test (torchvision reader; offline "
+        "mirror of the official files, else downloaded)",
+        loader=in_distributions.torchvision_set("mnist"),
+        out_distribution=out_distributions.natural,
+        settings=TrainSettings(classifier="lenet", n_covariance=60_000),
+        augmentation=MNIST_LIKE,
+        paper_name="MNIST",
+        ood_sets=("fmnist", *_MNIST_OOD),
     ),
     DatasetSpec(
-        "fmnist",
-        10,
-        (1, 28, 28),
-        "Fashion-MNIST, official 60,000 train / 10,000 test (torchvision reader; offline mirror "
-        "of the official files, else downloaded)",
-        indist.torchvision_set("fmnist"),
-        outdist.natural,
-        TrainSettings(**_SGD_RESNET, n_covariance=60_000),
-        MNIST_LIKE,
-        "FMNIST",
-        ("mnist", *_MNIST_OOD),
+        name="fmnist",
+        num_classes=10,
+        shape=(1, 28, 28),
+        description="Fashion-MNIST, official 60,000 train / 10,000 test (torchvision reader; "
+        "offline mirror of the official files, else downloaded)",
+        loader=in_distributions.torchvision_set("fmnist"),
+        out_distribution=out_distributions.natural,
+        settings=TrainSettings(**_SGD_RESNET, n_covariance=60_000),
+        augmentation=MNIST_LIKE,
+        paper_name="FMNIST",
+        ood_sets=("mnist", *_MNIST_OOD),
     ),
     DatasetSpec(
-        "cifar10-jpeg",
-        10,
-        (3, 32, 32),
-        f"CIFAR-10, all 50,000 train / 10,000 test, from the offline mirror's {_JPEG_NOTE}",
-        indist.cifar10_jpeg,
-        outdist.natural,
-        TrainSettings(**_SGD_RESNET, n_covariance=50_000),
-        CIFAR_LIKE,
-        "CIFAR10",
-        ("svhn", "cifar100", *_NATURAL_OOD),
+        name="cifar10-jpeg",
+        num_classes=10,
+        shape=(3, 32, 32),
+        description="CIFAR-10, all 50,000 train / 10,000 test, from the offline mirror's "
+        + _JPEG_NOTE,
+        loader=in_distributions.cifar10_jpeg,
+        out_distribution=out_distributions.natural,
+        settings=TrainSettings(**_SGD_RESNET, n_covariance=50_000),
+        augmentation=CIFAR_LIKE,
+        paper_name="CIFAR10",
+        ood_sets=("svhn", "cifar100", *_NATURAL_OOD),
     ),
     DatasetSpec(
-        "mnist-offline",
-        10,
-        (1, 28, 28),
-        "real MNIST test images (offline mirror) split 8,000 train / 2,000 test, stratified "
-        "(small stand-in; `mnist` is the full set)",
-        indist.mnist_offline,
-        outdist.cifar10_train_10k_grey,
-        TrainSettings(classifier="lenet", n_covariance=20_000),
-        MNIST_LIKE,
-        "MNIST",
-        ("grcifar10", "noise", "uniform"),
+        name="mnist-offline",
+        num_classes=10,
+        shape=(1, 28, 28),
+        description="real MNIST test images (offline mirror) split 8,000 train / 2,000 test, "
+        "stratified (small stand-in; `mnist` is the full set)",
+        loader=in_distributions.mnist_offline,
+        out_distribution=out_distributions.cifar10_train_10k_grey,
+        settings=TrainSettings(classifier="lenet", n_covariance=20_000),
+        augmentation=MNIST_LIKE,
+        paper_name="MNIST",
+        ood_sets=("grcifar10", "noise", "uniform"),
     ),
     DatasetSpec(
-        "cifar10-offline",
-        10,
-        (3, 32, 32),
-        "CIFAR-10 offline mirror: 10,000 train (1,000 per class) / 10,000 test, JPEG copy "
-        "(small stand-in; `cifar10-jpeg` is the full set)",
-        indist.cifar10_offline,
-        outdist.photo_patches(8000, 2000),
-        TrainSettings(**_SGD_RESNET, n_covariance=20_000),
-        CIFAR_LIKE,
-        "CIFAR10",
-        ("noise", "uniform"),
+        name="cifar10-offline",
+        num_classes=10,
+        shape=(3, 32, 32),
+        description="CIFAR-10 offline mirror: 10,000 train (1,000 per class) / 10,000 test, JPEG "
+        "copy (small stand-in; `cifar10-jpeg` is the full set)",
+        loader=in_distributions.cifar10_offline,
+        out_distribution=out_distributions.photo_patches(8000, 2000),
+        settings=TrainSettings(**_SGD_RESNET, n_covariance=20_000),
+        augmentation=CIFAR_LIKE,
+        paper_name="CIFAR10",
+        ood_sets=("noise", "uniform"),
     ),
     DatasetSpec(
-        "svhn",
-        10,
-        (3, 32, 32),
-        "SVHN, official train / test (torchvision download)",
-        indist.torchvision_set("svhn"),
-        outdist.natural,
-        TrainSettings(**_SGD_RESNET, n_covariance=50_000),
-        SVHN_LIKE,
-        "SVHN",
-        ("cifar10", "cifar100", *_NATURAL_OOD),
+        name="svhn",
+        num_classes=10,
+        shape=(3, 32, 32),
+        description="SVHN, official train / test (torchvision download)",
+        loader=in_distributions.torchvision_set("svhn"),
+        out_distribution=out_distributions.natural,
+        settings=TrainSettings(**_SGD_RESNET, n_covariance=50_000),
+        augmentation=SVHN_LIKE,
+        paper_name="SVHN",
+        ood_sets=("cifar10", "cifar100", *_NATURAL_OOD),
     ),
     DatasetSpec(
-        "cifar10",
-        10,
-        (3, 32, 32),
-        "CIFAR-10, the original 50,000 train / 10,000 test (torchvision download; offline, "
-        "use `cifar10-jpeg`)",
-        indist.torchvision_set("cifar10"),
-        outdist.natural,
-        TrainSettings(**_SGD_RESNET, n_covariance=50_000),
-        CIFAR_LIKE,
-        "CIFAR10",
-        ("svhn", "cifar100", *_NATURAL_OOD),
+        name="cifar10",
+        num_classes=10,
+        shape=(3, 32, 32),
+        description="CIFAR-10, the original 50,000 train / 10,000 test (torchvision download; "
+        "offline, use `cifar10-jpeg`)",
+        loader=in_distributions.cifar10_original,
+        out_distribution=out_distributions.natural,
+        settings=TrainSettings(**_SGD_RESNET, n_covariance=50_000),
+        augmentation=CIFAR_LIKE,
+        paper_name="CIFAR10",
+        ood_sets=("svhn", "cifar100", *_NATURAL_OOD),
     ),
     DatasetSpec(
-        "cifar100",
-        100,
-        (3, 32, 32),
-        "CIFAR-100, official train / test (torchvision download)",
-        indist.torchvision_set("cifar100"),
-        outdist.natural,
-        TrainSettings(**_SGD_RESNET, n_covariance=50_000),
-        CIFAR_LIKE,
-        "CIFAR100",
-        ("svhn", "cifar10", *_NATURAL_OOD),
+        name="cifar100",
+        num_classes=100,
+        shape=(3, 32, 32),
+        description="CIFAR-100, official train / test (torchvision download)",
+        loader=in_distributions.torchvision_set("cifar100"),
+        out_distribution=out_distributions.natural,
+        settings=TrainSettings(**_SGD_RESNET, n_covariance=50_000),
+        augmentation=CIFAR_LIKE,
+        paper_name="CIFAR100",
+        ood_sets=("svhn", "cifar10", *_NATURAL_OOD),
     ),
 )
 REGISTRY: dict[str, DatasetSpec] = {s.name: s for s in _SPECS}
@@ -204,24 +208,26 @@ def _out_set(spec: DatasetSpec, out: str, seed, root, n_out, out_path, out_exclu
         return spec.out_distribution(spec.shape, seed, root).subset(n_out, seed + 7)
     count = n_out or 50_000
     if out == "uniform":
-        return outdist.OutSet(
-            uniform_noise(count, spec.shape, seed + 7),
-            f"{count:,} uniform-noise images",
-            "generated",
+        return out_distributions.OutSet(
+            x=uniform_noise(count, spec.shape, seed + 7),
+            description=f"{count:,} uniform-noise images",
+            source="generated",
         )
     if spec.shape not in ((1, 28, 28), (3, 32, 32)):
         raise ValueError(f"{out!r} images (32x32 colour) do not fit {spec.name!r} {spec.shape}.")
     if out == "tiny-imagenet":
-        return outdist.tiny_imagenet_out(spec.shape, root).subset(n_out, seed + 7)
-    reader = outdist.tiny_images if out == "tiny-images" else outdist.random_300k
+        return out_distributions.tiny_imagenet_out(spec.shape, root).subset(n_out, seed + 7)
+    reader = (
+        out_distributions.tiny_images if out == "tiny-images" else out_distributions.random_300k
+    )
     raw = reader(count, seed + 7, path=out_path, root=root, exclude=out_exclude)
     excluded = f", {len(out_exclude)} indices excluded" if out_exclude is not None else ""
     name = "80M Tiny Images" if out == "tiny-images" else "Outlier Exposure's 300K random images"
-    file = out_path or (outdist.TINY_IMAGES_FILE if out == "tiny-images" else "300K file")
-    return outdist.OutSet(
-        outdist.as_images(raw, spec.shape),
-        f"{count:,} images of {name} (seeded sample{excluded})",
-        str(file),
+    file = out_path or (out_distributions.TINY_IMAGES_FILE if out == "tiny-images" else "300K file")
+    return out_distributions.OutSet(
+        x=out_distributions.as_images(raw, spec.shape),
+        description=f"{count:,} images of {name} (seeded sample{excluded})",
+        source=str(file),
     )
 
 
@@ -256,13 +262,13 @@ def load_dataset(
 
     info = {"out": out, "source": splits.source, "out_source": o.source, "n_out": len(o.x)}
     return Dataset(
-        spec,
-        t(xtr, torch.float32),
-        t(ytr, torch.long),
-        t(xte, torch.float32),
-        t(yte, torch.long),
-        t(o.x, torch.float32),
-        o.description,
-        seed,
-        info,
+        spec=spec,
+        train_x=t(xtr, torch.float32),
+        train_y=t(ytr, torch.long),
+        test_x=t(xte, torch.float32),
+        test_y=t(yte, torch.long),
+        out_x=t(o.x, torch.float32),
+        out_description=o.description,
+        seed=seed,
+        info=info,
     )

@@ -208,21 +208,6 @@ def mnist_test_mirror(root=None) -> tuple[torch.Tensor, torch.Tensor]:
     return images, labels
 
 
-def cifar10_mirror(split: str, root=None) -> tuple[np.ndarray, np.ndarray]:
-    """CIFAR-10 from the mirror: ``split`` 'train_10k' or 'test'; x uint8 (N, 32, 32, 3), y."""
-    if split not in ("train_10k", "test"):
-        raise ValueError(f"unknown CIFAR-10 mirror split {split!r}; use 'train_10k' or 'test'.")
-    path = find_mirror_file(f"cifar10/{split}.npz", root)
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            x, y = f["x"], f["y"]
-    except Exception as exc:  # zipfile / KeyError / ValueError
-        raise CorruptDataError(f"{path} is not a valid CIFAR-10 npz file ({exc}).") from exc
-    if x.ndim != 4 or x.shape[1:] != (32, 32, 3) or len(y) != len(x):
-        raise CorruptDataError(f"{path} has unexpected shapes {x.shape} / {y.shape}.")
-    return x, y.astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- torchvision
 TORCHVISION_SETS = {
     # name: (torchvision class, kwargs for train, kwargs for test, files expected under root)

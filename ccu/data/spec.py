@@ -20,7 +20,7 @@ from ccu.data.augment import Augmentation
 from ccu.settings import TrainSettings
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Splits:
     """What a record's loader returns: train and test arrays and where they came from."""
 
@@ -29,7 +29,7 @@ class Splits:
     source: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DatasetSpec:
     """One dataset: what it is, how it is loaded, trained, augmented and evaluated."""
 
@@ -38,11 +38,11 @@ class DatasetSpec:
     shape: tuple[int, ...]  # one sample, without the batch dimension
     description: str  # one line: what the data is, its split sizes, where it comes from
     loader: Callable[[int, object], Splits]  # (seed, data root) -> splits
-    out_distribution: Callable  # (shape, seed, data root) -> ccu.data.outdist.OutSet
+    out_distribution: Callable  # (shape, seed, data root) -> ccu.data.out_distributions.OutSet
     settings: TrainSettings = field(default_factory=TrainSettings)
     augmentation: Augmentation | None = None  # None: no augmentation
     paper_name: str | None = None  # the paper's name for it (its tables' rows); None: not in it
-    ood_sets: tuple[str, ...] = ()  # Table 2's columns, names of ccu.data.oodsets.OOD_SETS
+    ood_sets: tuple[str, ...] = ()  # Table 2's columns, names of ccu.data.ood_test_sets.OOD_SETS
     value_range: tuple[float, float] | None = (0.0, 1.0)  # None: unbounded (toy data)
 
     @property
@@ -51,7 +51,7 @@ class DatasetSpec:
         return f"{self.name}: {self.description}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Dataset:
     """A loaded dataset: tensors for the train and test split, and the out-distribution."""
 
@@ -90,7 +90,7 @@ class Dataset:
         (seeded by the dataset's seed, kept in their order: a test set stored class by class
         still gives every class); the out-distribution is unchanged. The OOD test sets are
         as large as the test set (:func:`ccu.data.load_ood`), so ``n_test`` caps the scoring
-        of a run (the ``smoke`` profile of the ResNet18 datasets, :data:`ccu.settings.SMOKE_SCALE`)."""
+        of a run (``smoke`` on the ResNet18 datasets: :data:`ccu.settings.SMOKE_SCALE`)."""
         n_train = None if n_train is None or n_train >= len(self.train_x) else n_train
         n_test = None if n_test is None or n_test >= len(self.test_x) else n_test
         if n_train is None and n_test is None:
@@ -103,13 +103,13 @@ class Dataset:
             keep = torch.randperm(len(self.test_x), generator=gen)[:n_test].sort().values
             test_x, test_y, info["n_test"] = self.test_x[keep], self.test_y[keep], n_test
         return Dataset(
-            self.spec,
-            self.train_x[:n_train],
-            self.train_y[:n_train],
-            test_x,
-            test_y,
-            self.out_x,
-            self.out_description,
-            self.seed,
-            info,
+            spec=self.spec,
+            train_x=self.train_x[:n_train],
+            train_y=self.train_y[:n_train],
+            test_x=test_x,
+            test_y=test_y,
+            out_x=self.out_x,
+            out_description=self.out_description,
+            seed=self.seed,
+            info=info,
         )

@@ -18,7 +18,7 @@ from torch import nn
 from tqdm.std import tqdm
 
 from ccu import deadline
-from ccu.data.loaders import PairedLoader
+from ccu.data.batches import PairedLoader
 from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import BaseMethod, register_method
 from ccu.train import (

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ccu.data.ood import uniform_noise
+from ccu.data.images import uniform_noise
 from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import BaseMethod, register_method
 from ccu.train import History, Objective

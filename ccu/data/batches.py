@@ -36,7 +36,7 @@ def epoch_indices(
     return perm_in, perm_out[:n_in]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EpochPlan:
     """Everything random about one epoch, on the device: in- and out-indices (n_in,), crop
     offsets (n_in, 2) and flips (n_in,) (None without augmentation)."""
@@ -105,7 +105,10 @@ class PairedLoader:
             offsets, flips = crop_flip_params(n_in, self.scheme, self.gen)
             offsets, flips = _to_device(offsets, self.device), _to_device(flips, self.device)
         return EpochPlan(
-            _to_device(idx_in, self.device), _to_device(idx_out, self.device), offsets, flips
+            idx_in=_to_device(idx_in, self.device),
+            idx_out=_to_device(idx_out, self.device),
+            offsets=offsets,
+            flips=flips,
         )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

@@ -7,7 +7,8 @@ The paper trains against 80 Million Tiny Images, which its authors have withdraw
   images are the ``imagenet-`` OOD test set, so the two never share an image.
 * offline default for 28x28 grey data (:func:`grey_natural_out`): CIFAR-10 training images
   grey-scaled to 28x28: torchvision's original files when they are in the data root, else the
-  JPEG copy of the mirror, else Tiny ImageNet; the GrCIFAR10 OOD test set is CIFAR-10 *test*.
+  JPEG copy of the mirror (:func:`ccu.data.cifar10.cifar10_split`), else Tiny ImageNet; the
+  GrCIFAR10 OOD test set is CIFAR-10 *test*.
 * ``tiny_images.bin`` (a copy of 80M Tiny Images you provide): 79,302,017 images of 32x32x3
   uint8, 3,072 bytes each, every image stored in Fortran (column-major) order of its (32, 32, 3)
   array. Read through a memory map: only the sampled images are touched.
@@ -30,8 +31,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from ccu.data.sources import CorruptDataError, DataNotFoundError, data_root
+from ccu.data.archives import CIFAR10_JPEG_FILE, TINY_IMAGENET_FILES, tiny_imagenet
+from ccu.data.cifar10 import cifar10_available, cifar10_split
+from ccu.data.images import chw_float, grey_resized, uniform_noise
+from ccu.data.sources import CorruptDataError, DataNotFoundError, data_root, mirror_available
 
 TINY_IMAGES_FILE = "tiny_images.bin"
 TINY_IMAGES_COUNT = 79_302_017
@@ -42,7 +47,7 @@ RANDOM_300K_MD5 = "64ca64357de98351f28454274a112dc3"
 _IMAGE_BYTES = 32 * 32 * 3
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OutSet:
     """A training out-distribution: float32 images in [0, 1], what they are, where from."""
 
@@ -55,12 +60,37 @@ class OutSet:
         if n is None or n >= len(self.x):
             return self
         idx = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(seed))[:n]
-        return OutSet(self.x[idx.sort().values], f"{n:,} of {self.description}", self.source)
+        return OutSet(
+            x=self.x[idx.sort().values],
+            description=f"{n:,} of {self.description}",
+            source=self.source,
+        )
 
 
-def chw_float(x_uint8: np.ndarray) -> torch.Tensor:
-    """uint8 (N, C, H, W) to float32 in [0, 1]."""
-    return torch.from_numpy(x_uint8).to(torch.float32).div_(255.0)
+def natural_image_patches(n: int, size: int, seed: int, channels: int = 1) -> torch.Tensor:
+    """Patches of scikit-learn's two sample photographs, area-averaged to ``size x size``.
+
+    Random crops of 4x to 8x the target side; grey (``channels=1``) or colour (3); values in
+    [0, 1]. A small real-image out-distribution available offline.
+    """
+    from sklearn.datasets import load_sample_images
+
+    images = [
+        torch.from_numpy(im.astype(np.float32) / 255.0).permute(2, 0, 1)
+        for im in load_sample_images().images
+    ]
+    if channels == 1:
+        images = [im.mean(0, keepdim=True) for im in images]
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.empty(n, channels, size, size)
+    for i in range(n):
+        im = images[int(torch.randint(len(images), (1,), generator=gen))]
+        crop = size * int(torch.randint(4, 9, (1,), generator=gen))
+        top = int(torch.randint(im.shape[1] - crop + 1, (1,), generator=gen))
+        left = int(torch.randint(im.shape[2] - crop + 1, (1,), generator=gen))
+        patch = im[:, top : top + crop, left : left + crop]
+        out[i] = F.adaptive_avg_pool2d(patch[None], size)[0]
+    return out
 
 
 def without_images_of(x: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, int]:
@@ -74,10 +104,6 @@ def tiny_imagenet_out(shape: tuple[int, ...], root=None) -> OutSet:
     """Tiny ImageNet training (30,000) and validation (10,000) images at 32x32, grey-scaled and
     resized when ``shape`` is grey. Images that also occur in the Tiny ImageNet test set (the
     ``imagenet-`` OOD set) are dropped, so no image is both trained against and tested on."""
-    from ccu.data.archives import TINY_IMAGENET_FILES, tiny_imagenet
-    from ccu.data.ood import grey_resized
-    from ccu.data.sources import mirror_available
-
     raw = np.concatenate([tiny_imagenet("train150", root), tiny_imagenet("val", root)])
     dropped = 0
     if mirror_available(TINY_IMAGENET_FILES["test"], root):
@@ -88,41 +114,26 @@ def tiny_imagenet_out(shape: tuple[int, ...], root=None) -> OutSet:
         x, what = grey_resized(x, shape[-1]), f"grey {shape[-1]}x{shape[-1]}"
     files = ", ".join(TINY_IMAGENET_FILES[p] for p in ("train150", "val"))
     return OutSet(
-        x,
-        f"{len(x):,} Tiny ImageNet training and validation images ({what}; stand-in for 80M "
-        f"Tiny Images; {dropped} duplicate(s) of Imagenet- test images removed)",
-        f"offline mirror {files}",
+        x=x,
+        description=f"{len(x):,} Tiny ImageNet training and validation images ({what}; "
+        f"stand-in for 80M Tiny Images; {dropped} duplicate(s) of Imagenet- test images removed)",
+        source=f"offline mirror {files}",
     )
-
-
-def cifar10_train_images(root=None) -> tuple[torch.Tensor, str]:
-    """CIFAR-10's 50,000 training images, float32 (N, 3, 32, 32), and their source: torchvision's
-    original files if they are in the data root, else the mirror's JPEG copy (never downloads)."""
-    from ccu.data.archives import CIFAR10_JPEG_FILE, cifar10_jpeg
-    from ccu.data.sources import torchvision_dataset, torchvision_present
-
-    if torchvision_present("cifar10", root):
-        x, _, source = torchvision_dataset("cifar10", "train", root, download=False)
-        return torch.from_numpy(x), f"CIFAR-10 train ({source})"
-    x = chw_float(cifar10_jpeg(root)["train_x"])
-    return x, f"CIFAR-10 train, JPEG copy (offline mirror {CIFAR10_JPEG_FILE})"
 
 
 def grey_natural_out(shape: tuple[int, ...], root=None) -> OutSet:
     """Grey natural images for 28x28 data: CIFAR-10 training images (torchvision's files in the
     data root, else the JPEG copy), else Tiny ImageNet; no download needed."""
-    from ccu.data.archives import CIFAR10_JPEG_FILE, TINY_IMAGENET_FILES
-    from ccu.data.ood import grey_resized
-    from ccu.data.sources import mirror_available, torchvision_present
-
     size = shape[-1]
-    if torchvision_present("cifar10", root) or mirror_available(CIFAR10_JPEG_FILE, root):
-        x, source = cifar10_train_images(root)
+    copies = ("original", "jpeg")
+    if cifar10_available("train", root, copies):
+        cifar = cifar10_split("train", root, copies=copies)
+        what = "" if cifar.copy == "original" else ", JPEG copy"
         return OutSet(
-            grey_resized(x, size),
-            f"{len(x):,} CIFAR-10 training images grey-scaled to {size}x{size} (stand-in for 80M "
-            "Tiny Images; GrCIFAR10 tests on the disjoint CIFAR-10 test set)",
-            source,
+            x=grey_resized(cifar.x, size),
+            description=f"{len(cifar.x):,} CIFAR-10 training images grey-scaled to {size}x{size} "
+            "(stand-in for 80M Tiny Images; GrCIFAR10 tests on the disjoint CIFAR-10 test set)",
+            source=f"CIFAR-10 train{what} ({cifar.source})",
         )
     if all(mirror_available(TINY_IMAGENET_FILES[p], root) for p in ("train150", "val")):
         return tiny_imagenet_out(shape, root)
@@ -139,10 +150,6 @@ def grey_natural_out(shape: tuple[int, ...], root=None) -> OutSet:
 def colour_natural_out(shape: tuple[int, ...], root=None) -> OutSet:
     """Colour natural images for 32x32 data: Tiny ImageNet (train + val) from the mirror; where
     it is missing, patches of scikit-learn's two sample photos + uniform noise, with a warning."""
-    from ccu.data.archives import TINY_IMAGENET_FILES
-    from ccu.data.ood import natural_image_patches, uniform_noise
-    from ccu.data.sources import mirror_available
-
     if all(mirror_available(TINY_IMAGENET_FILES[p], root) for p in ("train150", "val")):
         return tiny_imagenet_out(shape, root)
     warnings.warn(
@@ -156,10 +163,10 @@ def colour_natural_out(shape: tuple[int, ...], root=None) -> OutSet:
     )
     x = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(0))]
     return OutSet(
-        x,
-        "20,000 colour patches of scikit-learn's two sample photos + 5,000 uniform (Tiny "
-        "ImageNet mirror not found)",
-        "sklearn.datasets.load_sample_images, generated noise",
+        x=x,
+        description="20,000 colour patches of scikit-learn's two sample photos + 5,000 uniform "
+        "(Tiny ImageNet mirror not found)",
+        source="sklearn.datasets.load_sample_images, generated noise",
     )
 
 
@@ -241,8 +248,6 @@ def random_300k(n: int, seed: int, path=None, root=None, exclude=None, download:
 
 def as_images(x_hwc: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
     """uint8 (N, 32, 32, 3) to float32 images of ``shape`` (grey-scaled and resized if needed)."""
-    from ccu.data.ood import grey_resized
-
     x = torch.from_numpy(x_hwc.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
     if shape[0] == 1:
         return grey_resized(x, shape[-1])
@@ -256,12 +261,10 @@ def uniform_box(low: float, high: float, n: int = 2000):
     """Uniform noise on ``[low, high]^d`` (the two-moons out-distribution)."""
 
     def out(shape: tuple[int, ...], seed: int, root=None) -> OutSet:
-        from ccu.data.ood import uniform_noise
-
         return OutSet(
-            uniform_noise(n, shape, seed + 1, low, high),
-            f"{n:,} uniform-noise points on [{low:g}, {high:g}]^{int(np.prod(shape))}",
-            "generated",
+            x=uniform_noise(n, shape, seed + 1, low, high),
+            description=f"{n:,} uniform-noise points on [{low:g}, {high:g}]^{int(np.prod(shape))}",
+            source="generated",
         )
 
     return out
@@ -271,8 +274,6 @@ def photo_patches(n_patches: int, n_uniform: int):
     """Patches of scikit-learn's two sample photos + uniform noise, shuffled (seeded)."""
 
     def out(shape: tuple[int, ...], seed: int, root=None) -> OutSet:
-        from ccu.data.ood import natural_image_patches, uniform_noise
-
         x = torch.cat(
             [
                 natural_image_patches(n_patches, shape[-1], seed, channels=shape[0]),
@@ -282,10 +283,10 @@ def photo_patches(n_patches: int, n_uniform: int):
         x = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))]
         kind = "grey" if shape[0] == 1 else "colour"
         return OutSet(
-            x,
-            f"{n_patches:,} {kind} {shape[-1]}x{shape[-1]} patches of scikit-learn's two sample "
-            f"photos + {n_uniform:,} uniform",
-            "sklearn.datasets.load_sample_images, generated noise",
+            x=x,
+            description=f"{n_patches:,} {kind} {shape[-1]}x{shape[-1]} patches of scikit-learn's "
+            f"two sample photos + {n_uniform:,} uniform",
+            source="sklearn.datasets.load_sample_images, generated noise",
         )
 
     return out
@@ -293,16 +294,12 @@ def photo_patches(n_patches: int, n_uniform: int):
 
 def cifar10_train_10k_grey(shape: tuple[int, ...], seed: int, root=None) -> OutSet:
     """The mirror's ``train_10k`` CIFAR-10 subset grey-scaled (``mnist-offline``'s stand-in)."""
-    from ccu.data.ood import grey_resized
-    from ccu.data.sources import cifar10_mirror
-
-    cifar, _ = cifar10_mirror("train_10k", root)
-    x = torch.from_numpy(cifar.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
+    x = cifar10_split("train_10k", root, copies=("npz",)).x
     return OutSet(
-        grey_resized(x, shape[-1]),
-        f"{len(x):,} images of the CIFAR-10 train_10k mirror, grey-scaled and resized to 28x28 "
-        "(proxy for 80M Tiny Images; GrCIFAR10 uses the disjoint CIFAR-10 test mirror)",
-        "offline mirror cifar10/train_10k.npz",
+        x=grey_resized(x, shape[-1]),
+        description=f"{len(x):,} images of the CIFAR-10 train_10k mirror, grey-scaled and resized "
+        "to 28x28 (proxy for 80M Tiny Images; GrCIFAR10 uses the disjoint CIFAR-10 test mirror)",
+        source="offline mirror cifar10/train_10k.npz",
     )
 
 

@@ -1,0 +1,34 @@
+"""Image helpers shared by the training out-distributions and the OOD test sets.
+
+Pixel conversions (:func:`chw_float`, :func:`grey_resized`) and seeded uniform-noise images
+(:func:`uniform_noise`: the Uniform OOD test set, and part of several training
+out-distributions). Images are float32 (N, C, H, W) in [0, 1].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def chw_float(x_uint8: np.ndarray) -> torch.Tensor:
+    """uint8 (N, C, H, W) to float32 in [0, 1]."""
+    return torch.from_numpy(x_uint8).to(torch.float32).div_(255.0)
+
+
+def uniform_noise(n: int, shape: tuple[int, ...], seed: int, low=0.0, high=1.0) -> torch.Tensor:
+    """``n`` samples of uniform noise on ``[low, high]^shape`` (seeded)."""
+    gen = torch.Generator().manual_seed(seed)
+    return low + (high - low) * torch.rand(n, *shape, generator=gen)
+
+
+def grey_resized(x: torch.Tensor, size: int) -> torch.Tensor:
+    """RGB images (N, 3, H, W) to grey (ITU-R 601 luma, as PIL's "L") resized to size x size."""
+    from torchvision.transforms.v2 import functional as TF
+
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise ValueError(f"expected images (N, 1|3, H, W); got shape {tuple(x.shape)}.")
+    grey = TF.rgb_to_grayscale(x) if x.shape[1] == 3 else x
+    if grey.shape[-1] != size:
+        grey = TF.resize(grey, [size, size], antialias=True)
+    return grey.clamp(0.0, 1.0)
