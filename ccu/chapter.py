@@ -237,7 +237,7 @@ def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
 # ----------------------------------------------------------------------------- figure 2
 def worst_cases_of_run(adv, data: Dataset, prof: Profile, seed: int, rows: int = 4):
     """Figure 2's rows (see :func:`ccu.plots.plot_worst_cases`) from
-    :func:`ccu.experiment.adversarial_noise`'s result: the first ``rows`` attacked (certified)
+    :func:`ccu.adversarial_noise.adversarial_noise`'s result: the first ``rows`` attacked (certified)
     noise seeds."""
     seeds = adv.seeds[adv.certified]
     rows = min(rows, len(seeds))

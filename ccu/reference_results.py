@@ -96,10 +96,10 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     import numpy as np
     import torch
 
-    from ccu import experiment
+    from ccu.adversarial_noise import AdversarialResult
     from ccu.methods import ordered
 
-    adv = experiment.AdversarialResult.load(store.adversarial_dir(prof, dataset, root, seed))
+    adv = AdversarialResult.load(store.adversarial_dir(prof, dataset, root, seed))
     names = ordered(methods or adv.methods)
     commit = current_commit()
     out = Path(out_dir) / prof.label / dataset

@@ -39,7 +39,8 @@ Rules:
   of a different configuration (another library version, precision, data) raises
   :class:`ResultConflictError` naming what differs, unless asked to retrain.
 
-Orchestration (train, score, certify, attack) lives in :mod:`ccu.experiment`.
+Orchestration lives in :mod:`ccu.experiment` (train, score) and :mod:`ccu.adversarial_noise`
+(certify, attack).
 """
 
 from __future__ import annotations

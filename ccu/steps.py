@@ -8,7 +8,7 @@ command line (:mod:`ccu.cli`) and the Snakemake workflow run.
 * :func:`guarantees_one`: certificates around the OOD test sets and the guaranteed AUC
   (:mod:`ccu.guarantees`) of a certifying method (CCU, CCU-<family>).
 * :func:`attack_dataset`: certify CCU's balls around uniform noise and attack every method in
-  them (Table 1 of the paper, :func:`ccu.experiment.adversarial_noise`).
+  them (Table 1 of the paper, :func:`ccu.adversarial_noise.adversarial_noise`).
 * :func:`run_seed`: all of these for one (dataset, seed), as ``ccu run`` does, with
   :class:`TimeBox` (``--stop-after``'s stops) and :class:`RunTimes` (the wall times over calls);
   :func:`run_all` for every dataset and seed, then the tables.
@@ -161,7 +161,7 @@ def guarantees_one(spec: RunSpec, root=None, data=None):
 def attack_dataset(spec: RunSpec, methods, root=None, data=None):
     """Certify CCU's balls around noise and attack every method in them (Table 1); ``spec``
     names the dataset, profile, seed, device and trainer options (its method is not used)."""
-    from ccu import experiment
+    from ccu.adversarial_noise import adversarial_noise
     from ccu.methods import ordered
 
     if "CCU" not in methods:
@@ -172,7 +172,7 @@ def attack_dataset(spec: RunSpec, methods, root=None, data=None):
     runs = {}
     for m in ["CCU", *[m for m in ordered(methods) if m != "CCU"]]:
         runs[m] = _run(spec.with_method(m), root, data)
-    return experiment.adversarial_noise(runs, data, spec.profile, spec.seed, root=root)
+    return adversarial_noise(runs, data, spec.profile, spec.seed, root=root)
 
 
 def trained_methods(spec: RunSpec, root=None) -> list[str]:

@@ -13,7 +13,8 @@ import torch  # noqa: E402
 from helpers import random_ccu  # noqa: E402
 
 import ccu  # noqa: E402
-from ccu import chapter, experiment, plots, report  # noqa: E402
+from ccu import adversarial_noise as noise  # noqa: E402
+from ccu import chapter, plots, report  # noqa: E402
 from ccu.methods import ordered  # noqa: E402
 
 BASE, CCU = "Base (ReLU network)", "CCU"
@@ -76,7 +77,7 @@ def test_figure2_rows_of_a_run():
         spec = type("Spec", (), {"shape": (1, 4, 4)})
 
     radii = np.array([1.0, np.nan, 1.0, 1.0, 1.0])  # seed 1 uncertified: not attacked
-    adv = experiment.AdversarialResult(
+    adv = noise.AdversarialResult(
         {"methods": {"Base": {}, "Maha": {}}},
         np.random.default_rng(0).random((5, 1, 4, 4)),
         radii,
