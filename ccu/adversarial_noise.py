@@ -33,22 +33,22 @@ from ccu.bounds import (
 from ccu.config import Profile, get_profile
 from ccu.data import Dataset, uniform_noise
 from ccu.experiment import RunResult, _cuda_devices, log, median, progress_bar
-from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED
+from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CENTRES, N_CERTIFIED
 from ccu.results import CorruptResultError
 
 
-def attack_method(method, seeds, radii, metric, steps, restarts, seed=0, batch_size=None):
+def attack_method(method, centres, radii, metric, steps, restarts, seed=0, batch_size=None):
     """The adversarial-noise attack on one method: PGD in each ball on ``method.score``.
 
     ``radii`` are the certified radii (float64, no NaN): the attack's points lie exactly inside
     those balls. If the method offers an ``attack_surrogate`` (a smoother function, e.g. the score
-    without a signed-gradient pre-processing), the balls are attacked on it too and, per seed, the
+    without a signed-gradient pre-processing), the balls are attacked on it too and, per centre, the
     point with the higher *true* score is kept. Stochastic scores draw from a generator seeded
     with ``seed``. ``batch_size``: iterates per score evaluation (``None``: sized to the device,
     :func:`ccu.attacks.attack_batch_size`; the chapter *Adversarial noise*). Returns the
-    ``AttackResult`` (scores are true scores) and the number of seeds the surrogate won."""
+    ``AttackResult`` (scores are true scores) and the number of centres the surrogate won."""
     attack = dict(metric=metric, steps=steps, restarts=restarts, seed=seed, batch_size=batch_size)
-    x0, rad = seeds.to(method.device), radii.to(method.device, torch.float64)
+    x0, rad = centres.to(method.device), radii.to(method.device, torch.float64)
     with torch.random.fork_rng(devices=_cuda_devices(method)):
         torch.manual_seed(seed)
         res = ball_attack(method.score, x0, rad, **attack)
@@ -73,13 +73,13 @@ def attack_method(method, seeds, radii, metric, steps, restarts, seed=0, batch_s
 class AdversarialResult:
     """The adversarial-noise experiment (Table 1, Figures 2 and 3), as saved and loaded.
 
-    ``radii`` and ``bound`` are NaN for *uncertified* seeds (no certified ball: CCU's bound at
-    ``R = 0`` is above the level); only certified seeds are attacked, so ``worst_x[m]`` and
-    ``worst_score[m]`` follow ``seeds[certified]``. ``summary`` is ``table1.json``.
+    ``radii`` and ``bound`` are NaN for *uncertified* centres (no certified ball: CCU's bound at
+    ``R = 0`` is above the level); only certified centres are attacked, so ``worst_x[m]`` and
+    ``worst_score[m]`` follow ``centres[certified]``. ``summary`` is ``table1.json``.
     """
 
     summary: dict
-    seeds: np.ndarray
+    centres: np.ndarray
     radii: np.ndarray
     bound: np.ndarray
     worst_x: dict[str, np.ndarray] = field(default_factory=dict)
@@ -91,15 +91,20 @@ class AdversarialResult:
         return ~np.isnan(self.radii)
 
     @property
+    def seeds(self) -> np.ndarray:
+        """The earlier name of :attr:`centres`."""
+        return self.centres
+
+    @property
     def methods(self) -> dict[str, dict]:
-        """Per method: TE, SR, AUC over the certified seeds, attack time, checks."""
+        """Per method: TE, SR, AUC over the certified centres, attack time, checks."""
         return self.summary["methods"]
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         store.write_npz(
             directory / store.ADVERSARIAL,
-            seeds=self.seeds,
+            seeds=self.centres,  # the arrays' key of before the rename
             radii=self.radii,
             bound=self.bound,
             **{f"{k}_worst_x": v for k, v in self.worst_x.items()},
@@ -137,7 +142,7 @@ def _digest(*parts) -> str:
 
 
 def _attack_one(
-    name, run, seeds, radii, model_metric, prof, seed, key, directory, attack_batch=None
+    name, run, centres, radii, model_metric, prof, seed, key, directory, attack_batch=None
 ):
     """One method's attack, or its saved result when the same attack already finished (the
     chunking, ``attack_batch``, is not part of the key: it does not change the attack)."""
@@ -154,9 +159,9 @@ def _attack_one(
     m = run.method
     m.model.eval()
     start = time.perf_counter()
-    if len(seeds):
+    if len(centres):
         res, won = attack_method(
-            m, seeds, radii, model_metric, prof.attack_steps, prof.attack_restarts, seed,
+            m, centres, radii, model_metric, prof.attack_steps, prof.attack_restarts, seed,
             batch_size=attack_batch,
         )  # fmt: skip
         worst = res.score.detach().cpu().double().numpy()
@@ -172,10 +177,10 @@ def _attack_one(
         }
     else:  # no certified ball: nothing to attack
         worst = np.zeros(0)
-        worst_x = np.zeros((0, *seeds.shape[1:]), dtype=np.float32)
+        worst_x = np.zeros((0, *centres.shape[1:]), dtype=np.float32)
         row = {"TE": run.metrics["test_error"], "SR": float("nan"), "AUC": float("nan")}
         row.update(max_distance_over_radius=0.0, seeds_won_by_surrogate=0)
-    row["n_attacked"] = len(seeds)
+    row["n_attacked"] = len(centres)
     row["attack_seconds"] = time.perf_counter() - start
     store.write_npz(arrays, worst_x=worst_x, worst_score=worst)
     store.write_json(meta, {"key": key, "row": row})  # last: marks the attack as finished
@@ -186,9 +191,9 @@ def _attack_one(
 PEAK_STEPS = 40
 
 
-def density_peaks(model, seeds, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) -> torch.Tensor:
-    """Per ball ``d(x, seed) <= R`` (and the box), a point where the in-density is high and
-    one where the confidence is high: projected ascent of ``log p_in`` from the seed in
+def density_peaks(model, centres, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) -> torch.Tensor:
+    """Per ball ``d(x, centre) <= R`` (and the box), a point where the in-density is high and
+    one where the confidence is high: projected ascent of ``log p_in`` from the centre in
     whitened coordinates (float64, as :func:`ccu.testing.check_density` does), then ascent on
     the model's confidence from that point. Returns ``(2N, ...)``: the ends of both ascents
     (the first N, then the second N), always inside their balls and the box.
@@ -198,12 +203,12 @@ def density_peaks(model, seeds, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) 
     metric = model.metric
     W = metric.whitening.double()
     W_inv = metric.unwhitening.double()
-    shape = seeds.shape[1:]
-    x0 = seeds.reshape(len(seeds), -1).to(W.device, torch.float64)
+    shape = centres.shape[1:]
+    x0 = centres.reshape(len(centres), -1).to(W.device, torch.float64)
     r = radii.to(W.device, torch.float64)[:, None]
     dens = copy.deepcopy(model.density_in).double().eval()
 
-    def project(x):  # into the box, then towards the seed into the ball: inside both
+    def project(x):  # into the box, then towards the centre into the ball: inside both
         if box is not None:
             x = x.clamp(*box)
         norm = ((x - x0) @ W).norm(dim=1, keepdim=True)
@@ -213,7 +218,7 @@ def density_peaks(model, seeds, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) 
         x = (w @ W_inv).to(torch.get_default_dtype()).reshape(len(w), *shape)
         return model(x).max(dim=1).values
 
-    # first step: a quarter of the ball, at most the seed's distance to the box's far side
+    # first step: a quarter of the ball, at most the centre's distance to the box's far side
     far = x0 if box is None else torch.where(x0 < (box[0] + box[1]) / 2, box[1], box[0])
     first = torch.minimum(r, ((far - x0) @ W).norm(dim=1, keepdim=True)) / 4
     ends, x = [], x0
@@ -234,21 +239,21 @@ def density_peaks(model, seeds, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) 
 
 
 def _own_certificate(
-    model, worst_x, seeds, radii, ok, level, test_confidence, own_radius=None
+    model, worst_x, centres, radii, ok, level, test_confidence, own_radius=None
 ) -> dict:
     """A certifying method's worst points against its own bound over the balls (float64), and
-    its own certified radii and certified AUC on the same seeds.
+    its own certified radii and certified AUC on the same centres.
 
     Two kinds of points: the attack's worst points in the balls of ``radii`` and, in the
     method's *own* certified balls, the points of :func:`density_peaks` (highest in-density,
     then highest confidence). ``bound_violations`` counts both (``attack_bound_violations``,
     ``peak_bound_violations``): any is a false certificate."""
     if own_radius is None:  # the ball method's own radii are the balls' radii
-        own_radius = certified_radius(model, seeds, level=level).cpu()
+        own_radius = certified_radius(model, centres, level=level).cpu()
     own_ok = certified_mask(own_radius)
     own_bound = torch.ones_like(own_radius)  # uncertified: no guarantee
     if bool(own_ok.any()):
-        own_bound[own_ok] = confidence_bound(model, seeds[own_ok], own_radius[own_ok]).cpu()
+        own_bound[own_ok] = confidence_bound(model, centres[own_ok], own_radius[own_ok]).cpu()
     out = {
         "n_own_certified": int(own_ok.sum()),
         "median_own_radius": median(own_radius[own_ok]) if bool(own_ok.any()) else None,
@@ -265,15 +270,15 @@ def _own_certificate(
     if bool(own_ok.any()):
         was_training = model.training
         model.eval()
-        centres, own = seeds[own_ok], own_radius[own_ok]
-        peaks = density_peaks(model, centres, own)
-        peak = check_certificate(model, peaks, torch.cat([centres, centres]), own.repeat(2))
+        own_centres, own = centres[own_ok], own_radius[own_ok]
+        peaks = density_peaks(model, own_centres, own)
+        peak = check_certificate(model, peaks, torch.cat([own_centres, own_centres]), own.repeat(2))
         out["peak_bound_violations"] = int(peak.violated.reshape(2, -1).any(0).sum())
         out["peak_max_confidence_float64"] = float(peak.confidence64.max())
         out["bound_violations"] = out["peak_bound_violations"]
         model.train(was_training)
     if bool(ok.any()):
-        check = check_certificate(model, torch.from_numpy(worst_x), seeds[ok], radii[ok])
+        check = check_certificate(model, torch.from_numpy(worst_x), centres[ok], radii[ok])
         out.update(
             attack_bound_violations=check.n_violations,
             bound_violations=check.n_violations + out["peak_bound_violations"],
@@ -298,16 +303,16 @@ def adversarial_noise(
 
     The balls come from the ``"CCU"`` run (else the first run whose method has a certifier): its
     metric and certified radii. Every method with a certifier (``CCU``, ``CCU-<family>``) is also
-    checked against its own Corollary 1 bound over those balls (``certificate`` in its row). Seeds
-    whose bound at
-    ``R = 0`` is above ``level / M`` are **uncertified**: they get no ball, are not attacked and
-    are counted apart (``n_certified``, ``n_uncertified``). Per method, over the certified seeds:
+    checked against its own Corollary 1 bound over those balls (``certificate`` in its row). The
+    ``n_centres`` uniform-noise centres (:attr:`ccu.Profile.n_centres`) whose bound at ``R = 0``
+    is above ``level / M`` are **uncertified**: they get no ball, are not attacked and are
+    counted apart (``n_certified``, ``n_uncertified``). Per method, over the certified centres:
     TE, SR, AUC (strict: ties are failures), the worst scores and points. The certified AUC
-    counts uncertified seeds as failures (no guarantee there). CCU's worst points are judged by
+    counts uncertified centres as failures (no guarantee there). CCU's worst points are judged by
     the float64 model (:func:`ccu.check_certificate`). Methods attacked before a kill are not
     attacked again. ``attack_batch``: iterates per score evaluation of the attack (``None``:
     sized to the device's free memory, :func:`ccu.attacks.attack_batch_size`; the paper's 200
-    seeds x 50 restarts run in a few chunks on a GPU). Saves ``table1.json`` and
+    centres x 50 restarts run in a few chunks on a GPU). Saves ``table1.json`` and
     ``adversarial.npz`` and returns what they hold. Chapter *Adversarial noise*
     (``book/adversarial_noise.ipynb``).
     """
@@ -322,19 +327,19 @@ def adversarial_noise(
     model = runs[ball_method].method.certifier()
     directory = store.adversarial_dir(prof, data.name, root, seed)
     with store.locked(directory, "the adversarial-noise experiment"):
-        seeds = uniform_noise(prof.n_seeds, data.spec.shape, seed + 1000)
-        radii = certified_radius(model, seeds, level=level).cpu()
+        centres = uniform_noise(prof.n_centres, data.spec.shape, seed + 1000)
+        radii = certified_radius(model, centres, level=level).cpu()
         ok = certified_mask(radii)
         bound = torch.full_like(radii, float("nan"))
         if bool(ok.any()):
-            bound[ok] = confidence_bound(model, seeds[ok], radii[ok]).cpu()
+            bound[ok] = confidence_bound(model, centres[ok], radii[ok]).cpu()
         everything = torch.cat([data.train_x, data.test_x])
-        inside = images_inside_balls(model.metric, seeds, radii, everything)[0]
+        inside = images_inside_balls(model.metric, centres, radii, everything)[0]
         ccu_conf = runs[ball_method].scores["test_confidence"]
         guaranteed = torch.where(ok, bound, 1.0).numpy()  # no ball: no guarantee
         summary = {
             "balls_from": ball_method,
-            "n_seeds": prof.n_seeds,
+            N_CENTRES: prof.n_centres,
             N_CERTIFIED: int(ok.sum()),
             "n_uncertified": int((~ok).sum()),
             "level": level,
@@ -343,7 +348,7 @@ def adversarial_noise(
             MEDIAN_RADIUS: median(radii[ok]) if bool(ok.any()) else float("nan"),
         }
         key_balls = _digest(
-            seeds.numpy(), radii.numpy(), level, runs[ball_method].config.get("files")
+            centres.numpy(), radii.numpy(), level, runs[ball_method].config.get("files")
         )
         per_method, worst_x, worst_score = {}, {}, {}
         bar = progress_bar(runs.items(), f"attack {data.name} ({int(ok.sum())} balls)", len(runs))
@@ -354,14 +359,14 @@ def adversarial_noise(
                 prof.attack_steps, prof.attack_restarts, seed,
             )  # fmt: skip
             per_method[name], worst_x[name], worst_score[name] = _attack_one(
-                name, run, seeds[ok], radii[ok], model.metric, prof, seed, key, directory,
+                name, run, centres[ok], radii[ok], model.metric, prof, seed, key, directory,
                 attack_batch,
             )  # fmt: skip
             took = per_method[name].get("attack_seconds", 0.0)
             log(f"attacked {name} on {data.name} in {int(ok.sum())} balls ({took:.1f} s)")
         for name in certifying:  # each certificate over these balls, judged in float64
             per_method[name]["certificate"] = _own_certificate(
-                runs[name].method.certifier(), worst_x[name], seeds, radii, ok, level,
+                runs[name].method.certifier(), worst_x[name], centres, radii, ok, level,
                 runs[name].scores["test_confidence"], radii if name == ball_method else None,
             )  # fmt: skip
         own = per_method[ball_method]["certificate"]
@@ -371,11 +376,11 @@ def adversarial_noise(
         summary["ccu_max_float32_deviation"] = own["max_float32_deviation"]
         summary["methods"] = per_method
         result = AdversarialResult(
-            summary, seeds.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score
+            summary, centres.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score
         )
         result.save(directory)
         log(
-            f"adversarial noise on {data.name}: {summary[N_CERTIFIED]} of {prof.n_seeds} seeds "
+            f"adversarial noise on {data.name}: {summary[N_CERTIFIED]} of {prof.n_centres} centres "
             f"certified, CCU bound violations {summary['ccu_bound_violations']}"
         )
         return AdversarialResult.load(directory)

@@ -211,7 +211,7 @@ def reference_caption(dataset: str, ref: dict) -> str:
 # ----------------------------------------------------------------------------- corollary 1
 def noise_centres(prof: Profile, data: Dataset, seed: int) -> torch.Tensor:
     """The uniform-noise centres the Corollary 1 chapter certifies."""
-    return uniform_noise(prof.n_seeds, data.spec.shape, seed=seed + 100)
+    return uniform_noise(prof.n_centres, data.spec.shape, seed=seed + 100)
 
 
 def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
@@ -238,13 +238,13 @@ def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
 def worst_cases_of_run(adv, data: Dataset, prof: Profile, seed: int, rows: int = 4):
     """Figure 2's rows (see :func:`ccu.plots.plot_worst_cases`) from
     :func:`ccu.adversarial_noise.adversarial_noise`'s result: the first ``rows`` attacked (certified)
-    noise seeds."""
-    seeds = adv.seeds[adv.certified]
-    rows = min(rows, len(seeds))
+    noise centres."""
+    centres = adv.centres[adv.certified]
+    rows = min(rows, len(centres))
     return [
         {
-            "label": f"seed {i}",
-            "seed": seeds[i],
+            "label": f"centre {i}",
+            "centre": centres[i],
             "worst": {
                 m: (np.asarray(adv.worst_x[m])[i], float(np.asarray(adv.worst_score[m])[i]))
                 for m in adv.methods
@@ -255,13 +255,14 @@ def worst_cases_of_run(adv, data: Dataset, prof: Profile, seed: int, rows: int =
 
 
 def worst_cases_of_reference(dataset: str, ref: dict, rows: int = 2):
-    """Figure 2's rows from a committed reference run (its ``figure2.npz``)."""
+    """Figure 2's rows from a committed reference run (its ``figure2.npz``, whose ``seed`` array
+    holds the centres)."""
     names, z = reference_results.figure2_rows(ref["directory"])
     rows = min(rows, len(z["seed"]))
     return [
         {
-            "label": f"{dataset}\nseed {i}",
-            "seed": z["seed"][i],
+            "label": f"{dataset}\ncentre {i}",
+            "centre": z["seed"][i],
             "worst": {m: (z[f"{m}_worst_x"][i], float(z[f"{m}_worst_score"][i])) for m in names},
         }
         for i in range(rows)

@@ -171,15 +171,16 @@ def cmd_evaluate(args) -> int:
 
 def cmd_attack(args) -> int:
     from ccu import report, steps
-    from ccu.records import MEDIAN_RADIUS, N_CERTIFIED, N_SEEDS
+    from ccu.records import AttackSummary
 
     spec = _spec(args)
     methods = args.method or steps.trained_methods(spec, _root(args))
     s = steps.attack_dataset(spec, methods, _root(args)).summary
+    head = AttackSummary.from_json(s)
     print(
-        f"{args.dataset} (profile {spec.profile.name}, seed {args.seed}): {s[N_CERTIFIED]} of "
-        f"{s[N_SEEDS]} noise points certified, median radius {s[MEDIAN_RADIUS]:.4g}, "
-        f"CCU bound violations {s['ccu_bound_violations']}"
+        f"{args.dataset} (profile {spec.profile.name}, seed {args.seed}): {head.n_certified} of "
+        f"{head.n_centres} noise points certified, median radius {head.median_radius:.4g}, "
+        f"CCU bound violations {head.ccu_bound_violations}"
     )
     print(report.attack_table(s, args.dataset).to_string())
     return EXIT_OK

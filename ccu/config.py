@@ -22,9 +22,11 @@ from ccu.settings import (
     CHAPTER_FIELDS,
     LABELLED_PROFILES,
     PROFILES,
+    RENAMED_FIELDS,
     TRAINING_FIELDS,
     Profile,
     TrainSettings,
+    current_fields,
     profile_label,
 )
 
@@ -34,9 +36,11 @@ __all__ = [
     "LABELLED_PROFILES",
     "PROFILES",
     "PROFILE_CHECKS",
+    "RENAMED_FIELDS",
     "TRAINING_FIELDS",
     "Profile",
     "TrainSettings",
+    "current_fields",
     "get_profile",
     "profile_label",
     "train_settings",
@@ -48,7 +52,9 @@ def get_profile(name: str, **overrides) -> Profile:
 
     A profile with overrides that change it is renamed after them (:func:`profile_label`, e.g.
     ``paper-e30`` or ``smoke-e2-n400``): a reduced run never passes for the paper's protocol,
-    and runs of different settings never share a results folder."""
+    and runs of different settings never share a results folder. An earlier name of a field
+    (:data:`ccu.settings.RENAMED_FIELDS`: ``n_seeds`` for ``n_centres``) is taken as the field."""
+    overrides = current_fields(overrides)
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}.")
     unknown = set(overrides) - {f.name for f in fields(Profile)} | ({"name"} & set(overrides))
@@ -71,7 +77,7 @@ def get_profile(name: str, **overrides) -> Profile:
 _COUNTS = {
     "epochs": "training epochs",
     "n_components": "mixture components",
-    "n_seeds": "noise points to certify and attack",
+    "n_centres": "noise points to certify and attack",
     "attack_steps": "PGD steps",
     "attack_restarts": "restarts per noise point",
     "ensemble": "ensemble members",
@@ -79,7 +85,7 @@ _COUNTS = {
 
 
 def _check_counts(profile: Profile) -> None:
-    """A ValueError naming the first field that is not a positive count (``n_seeds: 0`` would
+    """A ValueError naming the first field that is not a positive count (``n_centres: 0`` would
     train every method, then find no noise point to attack)."""
     for name, what in {**_COUNTS, "n_train": "training points (null: all)"}.items():
         value = getattr(profile, name)

@@ -23,16 +23,19 @@ if TYPE_CHECKING:
     from ccu.data import Dataset
 
 # ----------------------------------------------------------------------------- summary keys
-#: noise seeds drawn for Table 1 (the paper: 200 per dataset)
-N_SEEDS = "n_seeds"
-#: seeds whose CCU bound at ``R = 0`` is below the level ``1.1 / M``: they get a certified ball
+#: uniform-noise centres drawn for Table 1, one ball each (the paper: 200 per dataset)
+N_CENTRES = "n_centres"
+#: the earlier name of :data:`N_CENTRES` (``table1.json`` written before the rename, and the
+#: committed reference results): still read, by :meth:`AttackSummary.from_json` alone
+N_CENTRES_OLD = "n_seeds"
+#: centres whose CCU bound at ``R = 0`` is below the level ``1.1 / M``: they get a certified ball
 N_CERTIFIED = "n_certified"
-#: seeds without a certified ball (not attacked, counted apart)
+#: centres without a certified ball (not attacked, counted apart)
 N_UNCERTIFIED = "n_uncertified"
 #: the strict AUC of in-distribution confidences against CCU's guaranteed upper bounds
-#: (Corollary 1, eq. (8)); uncertified seeds count as failures
+#: (Corollary 1, eq. (8)); uncertified centres count as failures
 CERTIFIED_AUC = "certified_auc"
-#: the median certified radius over the certified seeds (Table 1's "radius")
+#: the median certified radius over the certified centres (Table 1's "radius")
 MEDIAN_RADIUS = "median_radius"
 #: float64 bound violations of CCU's worst points (any is a false certificate)
 CCU_BOUND_VIOLATIONS = "ccu_bound_violations"
@@ -126,11 +129,13 @@ class RunSpec:
 @dataclass(frozen=True)
 class AttackSummary:
     """The headline of the adversarial-noise experiment (``table1.json``; Table 1 of the paper):
-    how many of ``n_seeds`` noise points got a certified ball, their median radius, the certified
-    AUC and CCU's bound violations. ``fields`` keeps the whole JSON object, so that
-    :meth:`to_json` gives back exactly what :meth:`from_json` read."""
+    how many of ``n_centres`` uniform-noise centres got a certified ball, their median radius,
+    the certified AUC and CCU's bound violations. ``fields`` keeps the whole JSON object, so that
+    :meth:`to_json` gives back exactly what :meth:`from_json` read. A summary written before the
+    rename says ``n_seeds`` (:data:`N_CENTRES_OLD`): it is read as ``n_centres`` and written back
+    under the name it had."""
 
-    n_seeds: int
+    n_centres: int
     n_certified: int
     median_radius: float
     certified_auc: float
@@ -140,7 +145,7 @@ class AttackSummary:
     @classmethod
     def from_json(cls, obj: dict) -> AttackSummary:
         return cls(
-            obj[N_SEEDS],
+            obj[_centres_key(obj)],
             obj[N_CERTIFIED],
             obj[MEDIAN_RADIUS],
             obj[CERTIFIED_AUC],
@@ -152,7 +157,7 @@ class AttackSummary:
         out = dict(self.fields)
         out.update(
             {
-                N_SEEDS: self.n_seeds,
+                _centres_key(out): self.n_centres,
                 N_CERTIFIED: self.n_certified,
                 MEDIAN_RADIUS: self.median_radius,
                 CERTIFIED_AUC: self.certified_auc,
@@ -161,3 +166,9 @@ class AttackSummary:
         if self.ccu_bound_violations is not None:
             out[CCU_BOUND_VIOLATIONS] = self.ccu_bound_violations
         return out
+
+
+def _centres_key(summary: dict) -> str:
+    """The key of the number of centres in ``summary``: :data:`N_CENTRES`, or in a summary
+    written before the rename :data:`N_CENTRES_OLD`."""
+    return N_CENTRES_OLD if N_CENTRES_OLD in summary and N_CENTRES not in summary else N_CENTRES

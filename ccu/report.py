@@ -15,6 +15,7 @@ import pandas as pd
 
 from ccu.data import OOD_SETS, REGISTRY
 from ccu.methods import ordered
+from ccu.records import AttackSummary
 from ccu.reference_results import REFERENCE_RESULTS, load_reference  # noqa: F401 - re-exported
 
 #: registry names -> the paper's dataset names, and OOD set names -> the paper's column names
@@ -157,7 +158,8 @@ def every_reference_run(root: Path | None = None) -> dict[str, dict]:
 def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | None = None):
     """Density families side by side (chapter *Try your own density model*): one row per
     certifying method (``CCU``, ``CCU-<family>``) with its test error, AUROC per OOD set (%), its
-    own certified seeds, median certified radius and certified AUC, and its training time."""
+    own certified centres (the column ``certified seeds``), median certified radius and certified
+    AUC, and its training time."""
     rows = {}
     for method in ordered(metrics):
         cert = table1.get("methods", {}).get(method, {}).get("certificate")
@@ -168,7 +170,8 @@ def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | No
         for ood, v in m["ood"].items():
             if "auroc" in v:
                 row[f"AUROC {PAPER_OOD.get(ood, ood)}"] = 100 * v["auroc"]
-        row["certified seeds"] = f"{cert['n_own_certified']}/{table1['n_seeds']}"
+        n_centres = AttackSummary.from_json(table1).n_centres
+        row["certified seeds"] = f"{cert['n_own_certified']}/{n_centres}"  # the column's name
         row["median radius"] = cert["median_own_radius"]
         row["certified AUC %"] = 100 * cert["own_certified_auc"]
         row["SR %"] = 100 * table1["methods"][method]["SR"]

@@ -59,7 +59,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from ccu.data.sources import sha256
-from ccu.settings import TRAINING_FIELDS
+from ccu.settings import TRAINING_FIELDS, current_fields
 
 RESULTS_ROOT = Path(os.environ.get("CCU_RESULTS", Path(__file__).resolve().parents[1] / "results"))
 
@@ -220,13 +220,23 @@ def write_config(path: Path, config: dict) -> dict:
 
 def read_config(path: Path) -> dict:
     """A config.json, checked against its own sha256 (one without it, older, is taken as is); a
-    config.json edited or damaged since it was written raises :class:`CorruptResultError`."""
+    config.json edited or damaged since it was written raises :class:`CorruptResultError`.
+    Its ``profile`` comes with the current field names (:func:`ccu.settings.current_fields`: a
+    config written before a field was renamed, e.g. ``n_seeds``, names the same run)."""
     config = read_json(path)
     if not isinstance(config, dict):
         raise _corrupt(Path(path), "not a JSON object")
     saved = config.get(CONFIG_CHECKSUM)
     if saved is not None and saved != _config_digest(config):
         raise _corrupt(Path(path), "its content differs from its own checksum: it was edited")
+    return normalised_config(config)
+
+
+def normalised_config(config: dict) -> dict:
+    """``config`` with its ``profile``'s fields under their current names
+    (:func:`ccu.settings.current_fields`); the one place an older config is brought up to date."""
+    if isinstance(config.get("profile"), dict):
+        config = dict(config, profile=current_fields(config["profile"]))
     return config
 
 
@@ -261,8 +271,9 @@ def read_torch(path: Path, map_location=None):
 
 def training_profile(profile: dict | None) -> dict:
     """The training fields of a config's ``profile`` (:data:`ccu.config.TRAINING_FIELDS`): the
-    name and the attack and chapter settings do not change a trained method."""
-    profile = profile or {}
+    name and the attack and chapter settings do not change a trained method. Fields under an
+    earlier name count as the current one (:func:`normalised_config`)."""
+    profile = current_fields(profile or {})
     out = {k: profile.get(k) for k in TRAINING_FIELDS}
     if isinstance(out.get("vgg_methods"), list):  # a tuple, written as JSON
         out["vgg_methods"] = tuple(out["vgg_methods"])

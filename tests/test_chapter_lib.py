@@ -71,7 +71,7 @@ def test_figure2_rows_and_grid_from_the_reference_runs():
 
 
 def test_figure2_rows_of_a_run():
-    prof = ccu.get_profile("smoke", n_seeds=5)
+    prof = ccu.get_profile("smoke", n_centres=5)
 
     class Data:
         spec = type("Spec", (), {"shape": (1, 4, 4)})
@@ -86,8 +86,8 @@ def test_figure2_rows_of_a_run():
         {"Base": np.log(np.full(4, 0.9)), "Maha": np.full(4, -12.5)},
     )
     rows = chapter.worst_cases_of_run(adv, Data, prof, seed=0, rows=3)
-    assert len(rows) == 3 and rows[0]["seed"].shape == (1, 4, 4)
-    assert np.array_equal(rows[1]["seed"], adv.seeds[2])  # the certified seeds, in order
+    assert len(rows) == 3 and rows[0]["centre"].shape == (1, 4, 4)
+    assert np.array_equal(rows[1]["centre"], adv.centres[2])  # the certified centres, in order
     assert rows[1]["worst"]["Base"][1] == pytest.approx(np.log(0.9))
     assert plots.score_label("Base", np.log(0.9)) == "Base\nconf. 0.900"
     assert plots.score_label("Maha", -12.5) == "Maha\nscore -12.5"

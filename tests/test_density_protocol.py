@@ -110,7 +110,7 @@ def test_a_density_from_the_docs_trains_certifies_and_passes_the_checker(tmp_pat
     metric = ccu.Mahalanobis.fit(data.train_x)
     density = IsotropicGaussian.fit(data.train_x, metric)
     assert check_density(density, centres=data.test_x[:20], max_examples=15).passed
-    prof = ccu.get_profile("smoke", epochs=2, n_seeds=10, attack_steps=5)
+    prof = ccu.get_profile("smoke", epochs=2, n_centres=10, attack_steps=5)
     run = experiment.run_method("digits", "CCU-iso-test", prof, data=data, root=tmp_path)
     model = run.method.model
     assert isinstance(model.density_in, IsotropicGaussian)
@@ -133,7 +133,7 @@ def test_a_density_from_the_docs_trains_certifies_and_passes_the_checker(tmp_pat
 
 def test_ccu_diag_trains_and_every_certifying_method_is_checked(tmp_path):
     data = load_dataset("digits").subset(500)
-    prof = ccu.get_profile("smoke", epochs=3, n_seeds=12, attack_steps=8, attack_restarts=2)
+    prof = ccu.get_profile("smoke", epochs=3, n_centres=12, attack_steps=8, attack_restarts=2)
     runs = {
         m: experiment.run_method("digits", m, prof, data=data, root=tmp_path)
         for m in ("Base", "CCU", "CCU-diag")
@@ -227,7 +227,7 @@ def ignores_r():
 
 def _tiny():
     data = load_dataset("digits").subset(400)
-    return data, ccu.get_profile("smoke", epochs=2, n_seeds=10, attack_steps=5)
+    return data, ccu.get_profile("smoke", epochs=2, n_centres=10, attack_steps=5)
 
 
 def test_ccu_refuses_to_certify_with_a_family_whose_bound_ignores_r(tmp_path, ignores_r):

@@ -98,7 +98,7 @@ def test_adversarial_noise_table1(digits_runs):
     adv = noise.adversarial_noise(runs, data, "smoke", root=root)
     s = adv.summary
     assert s["ccu_bound_violations"] == 0 and s["ccu_points_outside_balls"] == 0
-    assert s["n_certified"] + s["n_uncertified"] == s["n_seeds"] == len(adv.radii)
+    assert s["n_certified"] + s["n_uncertified"] == s["n_centres"] == len(adv.radii)
     assert s["n_certified"] == int(adv.certified.sum()) > 0
     ok = adv.certified
     assert np.isnan(adv.bound[~ok]).all() and np.isfinite(adv.bound[ok]).all()
