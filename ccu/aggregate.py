@@ -56,7 +56,9 @@ def seeds_present(profile, dataset: str, root=None) -> list[int]:
     found = set()
     for training in (False, True):
         d = store.root_dir(root) / store.folder_name(profile, training) / dataset
-        match = (re.fullmatch(r"seed(\d+)", p.name) for p in d.glob("seed*") if p.is_dir())
+        folders = d.glob(store.SEED_FOLDER.format(seed="*"))
+        pattern = store.SEED_FOLDER.format(seed=r"(\d+)")
+        match = (re.fullmatch(pattern, p.name) for p in folders if p.is_dir())
         found |= {int(m.group(1)) for m in match if m}
     return sorted(found)
 
@@ -288,7 +290,7 @@ def write_tables(profile, dataset: str, root=None, seeds=None, out=None, methods
         written.append(path)
         decimals = 3 if name == "certification" else (2 if name == "p_stats" else 1)
         text += ["", f"## {name}", "", to_markdown(wide(long, decimals))]
-    md = out / "tables.md"
+    md = out / store.TABLES
     store.atomic_bytes(md, ("\n".join(text) + "\n").encode())
     written.append(md)
     return written, tables

@@ -12,7 +12,8 @@ Layout (under :data:`RESULTS_ROOT`, ignored by git; ``CCU_RESULTS`` moves it)::
                                          metrics.json         test error, confidences, OOD metrics
     <label>/<dataset>/seed<k>/adversarial/attack.<method>.json|npz   one method's attack
                                           table1.json, adversarial.npz  the experiment's result
-    <label>/<dataset>/tables/             mean +- sd over the seeds (:mod:`ccu.aggregate`)
+    <label>/<dataset>/tables/             mean +- sd over the seeds (:mod:`ccu.aggregate`):
+                         <name>.csv, tables.md
 
 ``<label>`` is the profile's name with every override that changes it (``smoke``,
 ``smoke-e2-n400-steps5``, ``paper-e30``: :attr:`ccu.config.Profile.label`); the trained methods
@@ -105,6 +106,23 @@ GUARANTEES = "guarantees.json"
 RUN_TIMES = "run_times.json"
 #: the adversarial-noise experiment: its summary (Table 1, written last) and its arrays
 TABLE1, ADVERSARIAL = "table1.json", "adversarial.npz"
+#: the tables over seeds (:func:`ccu.aggregate.write_tables`): ``<name>.csv`` and, for display,
+TABLES = "tables.md"
+#: the folders of the layout: one seed's runs (``seed<k>``), its attack, the tables
+SEED_FOLDER, ADVERSARIAL_FOLDER, TABLES_FOLDER = "seed{seed}", "adversarial", "tables"
+
+
+def run_folder(root, label: str, dataset: str = "{dataset}", seed="{seed}") -> str:
+    """``<root>/<label>/<dataset>/seed<seed>`` as text (:func:`seed_dir`'s folder); with the
+    defaults, the pattern with the wildcards ``{dataset}`` and ``{seed}`` that the workflow
+    (``workflow/Snakefile``) matches."""
+    return f"{root}/{label}/{dataset}/{SEED_FOLDER.format(seed=seed)}"
+
+
+def tables_file(root, label: str, dataset: str = "{dataset}") -> str:
+    """``<root>/<label>/<dataset>/tables/tables.md`` as text (:func:`tables_dir`'s
+    :data:`TABLES`); with the default, the workflow's pattern with the wildcard ``{dataset}``."""
+    return f"{root}/{label}/{dataset}/{TABLES_FOLDER}/{TABLES}"
 
 
 def attack_files(directory: Path, method: str) -> tuple[Path, Path]:
@@ -139,7 +157,12 @@ def seed_dir(profile, dataset: str, seed: int = 0, root=None, training: bool = F
     of the trained methods, see :func:`folder_name`)."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, not {seed!r}.")
-    return root_dir(root) / folder_name(profile, training) / dataset / f"seed{int(seed)}"
+    return (
+        root_dir(root)
+        / folder_name(profile, training)
+        / dataset
+        / SEED_FOLDER.format(seed=int(seed))
+    )
 
 
 def method_dir(profile, dataset: str, method: str, root=None, seed: int = 0) -> Path:
@@ -149,12 +172,12 @@ def method_dir(profile, dataset: str, method: str, root=None, seed: int = 0) -> 
 
 def adversarial_dir(profile, dataset: str, root=None, seed: int = 0) -> Path:
     """``<root>/<label>/<dataset>/seed<seed>/adversarial``: the adversarial-noise files."""
-    return seed_dir(profile, dataset, seed, root) / "adversarial"
+    return seed_dir(profile, dataset, seed, root) / ADVERSARIAL_FOLDER
 
 
 def tables_dir(profile, dataset: str, root=None) -> Path:
     """``<root>/<label>/<dataset>/tables``: the tables aggregated over seeds."""
-    return root_dir(root) / folder_name(profile) / dataset / "tables"
+    return root_dir(root) / folder_name(profile) / dataset / TABLES_FOLDER
 
 
 def _corrupt(path: Path, exc: Exception | str) -> CorruptResultError:
