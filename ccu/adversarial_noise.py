@@ -33,7 +33,16 @@ from ccu.bounds import (
 from ccu.config import Profile, get_profile
 from ccu.data import Dataset, uniform_noise
 from ccu.experiment import RunResult, _cuda_devices, log, median, progress_bar
-from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CENTRES, N_CERTIFIED
+from ccu.records import (
+    CCU_BOUND_VIOLATIONS,
+    CERTIFIED_AUC,
+    MEDIAN_RADIUS,
+    METHODS,
+    N_CENTRES,
+    N_CERTIFIED,
+    N_UNCERTIFIED,
+    Metrics,
+)
 from ccu.results import CorruptResultError
 
 
@@ -98,7 +107,7 @@ class AdversarialResult:
     @property
     def methods(self) -> dict[str, dict]:
         """Per method: TE, SR, AUC over the certified centres, attack time, checks."""
-        return self.summary["methods"]
+        return self.summary[METHODS]
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
@@ -118,7 +127,7 @@ class AdversarialResult:
         summary = store.read_json(directory / store.TABLE1)
         arrays = store.read_npz(directory / store.ADVERSARIAL)
         try:
-            names = list(summary["methods"])
+            names = list(summary[METHODS])
             return cls(
                 summary,
                 arrays["seeds"],
@@ -158,6 +167,7 @@ def _attack_one(
             return saved["row"], got["worst_x"], got["worst_score"]
     m = run.method
     m.model.eval()
+    test_error = Metrics.from_json(run.metrics).test_error
     start = time.perf_counter()
     if len(centres):
         res, won = attack_method(
@@ -169,7 +179,7 @@ def _attack_one(
         ratio = torch.where(radii > 0, res.distance.cpu() / radii.clamp_min(1e-300), 0.0)
         test_scores = run.scores["test"]
         row = {
-            "TE": run.metrics["test_error"],
+            "TE": test_error,
             "SR": ev.success_rate(worst, test_scores),
             "AUC": ev.strict_auc(test_scores, worst),
             "max_distance_over_radius": float(ratio.max()),
@@ -178,7 +188,7 @@ def _attack_one(
     else:  # no certified ball: nothing to attack
         worst = np.zeros(0)
         worst_x = np.zeros((0, *centres.shape[1:]), dtype=np.float32)
-        row = {"TE": run.metrics["test_error"], "SR": float("nan"), "AUC": float("nan")}
+        row = {"TE": test_error, "SR": float("nan"), "AUC": float("nan")}
         row.update(max_distance_over_radius=0.0, seeds_won_by_surrogate=0)
     row["n_attacked"] = len(centres)
     row["attack_seconds"] = time.perf_counter() - start
@@ -341,7 +351,7 @@ def adversarial_noise(
             "balls_from": ball_method,
             N_CENTRES: prof.n_centres,
             N_CERTIFIED: int(ok.sum()),
-            "n_uncertified": int((~ok).sum()),
+            N_UNCERTIFIED: int((~ok).sum()),
             "level": level,
             "images_inside_balls": int(inside.sum()),
             CERTIFIED_AUC: ev.strict_auc(ccu_conf, guaranteed),
@@ -370,17 +380,17 @@ def adversarial_noise(
                 runs[name].scores["test_confidence"], radii if name == ball_method else None,
             )  # fmt: skip
         own = per_method[ball_method]["certificate"]
-        summary["ccu_bound_violations"] = own["bound_violations"]
+        summary[CCU_BOUND_VIOLATIONS] = own["bound_violations"]
         summary["ccu_points_outside_balls"] = own["points_outside_balls"]
         summary["ccu_max_confidence_float64"] = own["max_confidence_float64"]
         summary["ccu_max_float32_deviation"] = own["max_float32_deviation"]
-        summary["methods"] = per_method
+        summary[METHODS] = per_method
         result = AdversarialResult(
             summary, centres.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score
         )
         result.save(directory)
         log(
             f"adversarial noise on {data.name}: {summary[N_CERTIFIED]} of {prof.n_centres} centres "
-            f"certified, CCU bound violations {summary['ccu_bound_violations']}"
+            f"certified, CCU bound violations {summary[CCU_BOUND_VIOLATIONS]}"
         )
         return AdversarialResult.load(directory)

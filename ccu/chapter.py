@@ -20,6 +20,7 @@ from ccu.bounds import log_ratio_bound
 from ccu.config import Profile, TrainSettings, get_profile, train_settings
 from ccu.data import Dataset, load_dataset
 from ccu.data.ood import uniform_noise
+from ccu.records import AUPR_IN, AUROC, Metrics
 
 
 class ChapterSetup(NamedTuple):
@@ -294,7 +295,7 @@ def reference_ood_tables(refs: dict) -> list:
     out = []
     for name, ref in refs.items():
         caption = reference_caption(name, ref)
-        for metric, title in (("auroc", "AUROC (%)"), ("aupr_in", "AUPR-In (%)")):
+        for metric, title in ((AUROC, "AUROC (%)"), (AUPR_IN, "AUPR-In (%)")):
             table = report.ood_table(ref["metrics"], ref.get("dataset", name), metric)
             out.append(report.styled(table, f"{title}, {caption}"))
     return out
@@ -314,6 +315,7 @@ def reference_attack_tables(refs: dict) -> list:
         out.append(
             report.styled(report.attack_table(ref["table1"], dataset), f"Table 1 (%), {caption}")
         )
-        p_stats = report.p_stats_row(ccu_metrics, dataset, ccu_metrics["n_test"])
+        n_test = Metrics.from_json(ccu_metrics).n_test
+        p_stats = report.p_stats_row(ccu_metrics, dataset, n_test)
         out.append(report.styled(p_stats, f"P_Stats, {caption}", 2))
     return out

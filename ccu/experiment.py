@@ -26,7 +26,7 @@ from ccu import results as store
 from ccu.config import Profile, get_profile, train_settings
 from ccu.data import DataNotFoundError, Dataset, load_dataset, load_ood
 from ccu.methods import Method, get_method
-from ccu.records import RunSpec, TrainerOptions
+from ccu.records import Metrics, RunSpec, TrainerOptions
 from ccu.results import RESULTS_ROOT, CorruptResultError  # noqa: F401 - part of this API
 from ccu.testing import UnsoundDensityError
 
@@ -139,12 +139,14 @@ def run_method(
         config["wall_seconds"] = time.perf_counter() - start
         config = files.save(m.state_dict(), scores, metrics, config)
         scored = config["wall_seconds"] - config["train_seconds"]
-        log(f"scored {what}: test error {100 * metrics['test_error']:.2f} %, in {scored:.1f} s")
+        error = Metrics.from_json(metrics).test_error
+        log(f"scored {what}: test error {100 * error:.2f} %, in {scored:.1f} s")
     return RunResult(m, config, scores, metrics, files.directory, False)
 
 
 def score_sets(method, data: Dataset, ood_seed: int = 1):
-    """Per-sample scores on the test set (once) and every OOD set of the dataset; metrics.
+    """Per-sample scores on the test set (once) and every OOD set of the dataset; metrics (the
+    JSON of a :class:`ccu.records.Metrics`, ``metrics.json``).
 
     Stochastic scores (MCD's dropout passes) draw from a generator seeded with ``ood_seed``, so a
     resumed run scores exactly as an uninterrupted one."""
@@ -156,31 +158,34 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         "test_confidence": test["confidence"].numpy(),
         "test_prediction": test["prediction"].numpy(),
     }
-    metrics = {
-        "test_error": ev.classification_error(test["prediction"].numpy(), data.test_y.numpy()),
-        "n_test": len(data.test_y),
-        "mean_max_confidence": float(test["confidence"].mean()),
-        "min_confidence": float(test["confidence"].min()),
-        "n_below_1.1_over_M": int((test["confidence"] < 1.1 / data.num_classes).sum()),
-        "ood": {},
-    }
+    ood, sources = {}, {}
     bar = progress_bar(data.spec.ood_sets, f"score {method.name} on {data.name} (OOD sets)")
     for name in bar:
         bar.set_postfix_str(name)
         try:
             x, source = load_ood(name, data, seed=ood_seed, with_source=True)
         except DataNotFoundError as exc:
-            metrics["ood"][name] = {"skipped": str(exc).splitlines()[0]}
+            ood[name] = Metrics.skipped_entry(str(exc).splitlines()[0])
             continue
         with torch.random.fork_rng(devices=_cuda_devices(method)):
             torch.manual_seed(ood_seed)
             res = method.evaluate(x)
         scores[name] = res["score"].numpy()
         scores[f"{name}_confidence"] = res["confidence"].numpy()
-        metrics["ood"][name] = ev.ood_metrics(scores["test"], scores[name])
-        metrics["ood"][name]["mean_max_confidence"] = float(res["confidence"].mean())
-        metrics.setdefault("ood_sources", {})[name] = dict(source, n=len(x))
-    return scores, metrics
+        ood[name] = Metrics.ood_entry(
+            ev.ood_metrics(scores["test"], scores[name]), float(res["confidence"].mean())
+        )
+        sources[name] = dict(source, n=len(x))
+    metrics = Metrics(
+        test_error=ev.classification_error(test["prediction"].numpy(), data.test_y.numpy()),
+        n_test=len(data.test_y),
+        mean_max_confidence=float(test["confidence"].mean()),
+        min_confidence=float(test["confidence"].min()),
+        n_below_level=int((test["confidence"] < 1.1 / data.num_classes).sum()),
+        ood=ood,
+        ood_sources=sources or None,  # absent when no OOD set loaded
+    )
+    return scores, metrics.to_json()
 
 
 def _cuda_devices(method) -> list:

@@ -24,7 +24,14 @@ from pathlib import Path
 
 from ccu.checks import MissingError, UsageError
 from ccu.experiment import log
-from ccu.records import RunSpec, TrainerOptions
+from ccu.records import (
+    MEAN_MAX_CONFIDENCE,
+    TEST_ERROR,
+    Metrics,
+    RunSpec,
+    TrainerOptions,
+    evaluation_record,
+)
 from ccu.reference_results import current_commit  # noqa: F401 - provenance, part of this API
 
 
@@ -69,7 +76,7 @@ def train_one(spec: RunSpec, root=None, data=None) -> dict:
         "loaded": run.loaded,
         "seconds": time.perf_counter() - start,
         "files": run.config.get("files", {}),
-        "test_error": run.metrics["test_error"],
+        TEST_ERROR: Metrics.from_json(run.metrics).test_error,
     }
     store.write_json(run.directory / store.TRAINED, stamp)
     return stamp
@@ -112,18 +119,12 @@ def evaluate_one(spec: RunSpec, root=None) -> dict:
     from ccu import evaluate as ev
     from ccu import results as store
 
-    config, scores, metrics, files = saved_run(spec, root)
-    out = {
-        "dataset": spec.dataset,
-        "method": spec.method,
-        "seed": spec.seed,
-        "profile": spec.profile.name,
-        "test_error": metrics["test_error"],
-        "ood": {},
-    }
-    for name, saved in metrics["ood"].items():
-        if "skipped" in saved:
-            out["ood"][name] = saved
+    config, scores, saved_metrics, files = saved_run(spec, root)
+    metrics = Metrics.from_json(saved_metrics)
+    ood = {}
+    for name, saved in metrics.ood_sets().items():
+        if metrics.skipped(name) is not None:
+            ood[name] = saved
             continue
         if name not in scores:
             raise store.CorruptResultError(
@@ -137,9 +138,8 @@ def evaluate_one(spec: RunSpec, root=None) -> dict:
                     f"{files.path(store.METRICS)}: {name} {key} is {saved[key]}, but the saved "
                     f"scores give {value}; delete {files.directory} to recompute."
                 )
-        out["ood"][name] = dict(again, mean_max_confidence=saved.get("mean_max_confidence"))
-    aurocs = [v["auroc"] for v in out["ood"].values() if "auroc" in v]
-    out["mean_auroc"] = sum(aurocs) / len(aurocs) if aurocs else float("nan")
+        ood[name] = Metrics.ood_entry(again, metrics.value(name, MEAN_MAX_CONFIDENCE))
+    out = evaluation_record(spec, metrics, ood)
     store.write_json(files.directory / store.EVALUATION, out)
     return out
 

@@ -10,7 +10,7 @@ import ccu
 from ccu import experiment
 from ccu import results as store
 from ccu.data import load_dataset
-from ccu.records import AttackSummary, RunSpec
+from ccu.records import AttackSummary, Metrics, RunSpec
 from ccu.reference_results import REFERENCE_RESULTS
 from ccu.settings import RENAMED_FIELDS, current_fields
 
@@ -89,3 +89,35 @@ def test_committed_configs_read_with_the_current_profile_fields():
     for path in sorted(REFERENCE_RESULTS.glob("**/*.config.json")):
         profile = store.normalised_config(json.loads(path.read_text()))["profile"]
         assert "n_centres" in profile and "n_seeds" not in profile, path
+
+
+# ----------------------------------------------------------------------------- metrics.json
+@pytest.mark.parametrize(
+    "path",
+    sorted(REFERENCE_RESULTS.glob("**/*.metrics.json")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_committed_metrics_round_trip_byte_for_byte(path):
+    obj = json.loads(path.read_text())
+    metrics = Metrics.from_json(obj)
+    assert metrics.test_error == obj["test_error"] and metrics.n_test == obj["n_test"]
+    assert metrics.n_below_level == obj["n_below_1.1_over_M"]
+    for name, entry in obj["ood"].items():
+        assert metrics.skipped(name) == entry.get("skipped")
+        assert metrics.value(name) == entry.get("auroc")
+    assert json.dumps(metrics.to_json(), indent=2) == json.dumps(obj, indent=2)
+
+
+def test_metrics_written_in_the_order_of_the_file_and_partial_ones_kept_partial():
+    fresh = Metrics(
+        0.1, 10, 0.9, 0.2, 1, {"a": Metrics.ood_entry({"auroc": 0.5}, 0.3)}, {"a": {"n": 4}}
+    )
+    assert list(fresh.to_json()) == [
+        "test_error", "n_test", "mean_max_confidence", "min_confidence", "n_below_1.1_over_M",
+        "ood", "ood_sources",
+    ]  # fmt: skip
+    assert fresh.to_json()["ood"]["a"] == {"auroc": 0.5, "mean_max_confidence": 0.3}
+    none_loaded = Metrics(0.1, 10, 0.9, 0.2, 1, {"b": Metrics.skipped_entry("offline")})
+    assert "ood_sources" not in none_loaded.to_json() and none_loaded.skipped("b") == "offline"
+    partial = {"ood": {"u": {"auroc": 0.9}}}
+    assert Metrics.from_json(partial).to_json() == partial
