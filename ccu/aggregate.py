@@ -24,7 +24,7 @@ import pandas as pd
 from ccu import report
 from ccu import results as store
 from ccu.methods import ordered
-from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED
+from ccu.records import AUPR_IN, AUROC, CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED, Metrics
 
 
 class NoResultsError(FileNotFoundError):
@@ -56,7 +56,9 @@ def seeds_present(profile, dataset: str, root=None) -> list[int]:
     found = set()
     for training in (False, True):
         d = store.root_dir(root) / store.folder_name(profile, training) / dataset
-        match = (re.fullmatch(r"seed(\d+)", p.name) for p in d.glob("seed*") if p.is_dir())
+        folders = d.glob(store.SEED_FOLDER.format(seed="*"))
+        pattern = store.SEED_FOLDER.format(seed=r"(\d+)")
+        match = (re.fullmatch(pattern, p.name) for p in folders if p.is_dir())
         found |= {int(m.group(1)) for m in match if m}
     return sorted(found)
 
@@ -167,7 +169,7 @@ def certification_table(runs: SeedRuns) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def ood_table(runs: SeedRuns, metric: str = "auroc") -> pd.DataFrame:
+def ood_table(runs: SeedRuns, metric: str = AUROC) -> pd.DataFrame:
     """Table 2 (``auroc``) or the AUPR table (``aupr_in``) over seeds; ``key`` is the OOD set."""
     if not runs.metrics:
         raise NoResultsError(f"no trained runs of {runs.dataset} for profile {runs.profile}.")
@@ -177,13 +179,10 @@ def ood_table(runs: SeedRuns, metric: str = "auroc") -> pd.DataFrame:
     paper = report.ood_table(merged, runs.dataset, metric)
     rows = []
     for m in methods:
-        sets = {o for s in seeds if m in runs.metrics[s] for o in runs.metrics[s][m]["ood"]}
+        records = [Metrics.from_json(runs.metrics[s][m]) for s in seeds if m in runs.metrics[s]]
+        sets = {o for r in records for o in r.ood_sets()}
         for ood in sorted(sets):
-            vals = []
-            for s in seeds:
-                entry = runs.metrics[s].get(m, {}).get("ood", {}).get(ood, {})
-                if metric in entry:
-                    vals.append(100 * entry[metric])
+            vals = [100 * r.value(ood, metric) for r in records if r.value(ood, metric) is not None]
             if not vals:
                 continue  # skipped set (data not found) in every seed
             name = report.PAPER_OOD.get(ood, ood)
@@ -196,12 +195,12 @@ def p_stats_table(runs: SeedRuns) -> pd.DataFrame:
     seeds = [s for s in sorted(runs.metrics) if "CCU" in runs.metrics[s]]
     if not seeds:
         return pd.DataFrame(columns=["method", "key", "mean", "sd", "n", "paper"])
-    ccu = [runs.metrics[s]["CCU"] for s in seeds]
-    one = report.p_stats_row(ccu[0], runs.dataset, ccu[0]["n_test"])
+    ccu = [Metrics.from_json(runs.metrics[s]["CCU"]) for s in seeds]
+    one = report.p_stats_row(runs.metrics[seeds[0]]["CCU"], runs.dataset, ccu[0].n_test)
     keys = {
-        "min p(y|x) %": [100 * c["min_confidence"] for c in ccu],
-        "# < 1.1/M": [c["n_below_1.1_over_M"] for c in ccu],
-        "% < 1.1/M": [100 * c["n_below_1.1_over_M"] / c["n_test"] for c in ccu],
+        "min p(y|x) %": [100 * c.min_confidence for c in ccu],
+        "# < 1.1/M": [c.n_below_level for c in ccu],
+        "% < 1.1/M": [100 * c.n_below_level / c.n_test for c in ccu],
     }
     rows = []
     for key, vals in keys.items():
@@ -225,8 +224,8 @@ def build_tables(profile, dataset: str, root=None, seeds=None, methods=None, run
         out["table1"] = attack_table(runs)
         out["certification"] = certification_table(runs)
     if runs.metrics:
-        out["table2_auroc"] = ood_table(runs, "auroc")
-        out["table_aupr"] = ood_table(runs, "aupr_in")
+        out["table2_auroc"] = ood_table(runs, AUROC)
+        out["table_aupr"] = ood_table(runs, AUPR_IN)
         out["p_stats"] = p_stats_table(runs)
     return out
 
@@ -288,7 +287,7 @@ def write_tables(profile, dataset: str, root=None, seeds=None, out=None, methods
         written.append(path)
         decimals = 3 if name == "certification" else (2 if name == "p_stats" else 1)
         text += ["", f"## {name}", "", to_markdown(wide(long, decimals))]
-    md = out / "tables.md"
+    md = out / store.TABLES
     store.atomic_bytes(md, ("\n".join(text) + "\n").encode())
     written.append(md)
     return written, tables

@@ -184,7 +184,7 @@ def corollary1_check(
 def images_inside_balls(metric, centres, radii, images):
     """Which certified balls ``d(x, centre) <= radius`` hold one of ``images`` (NaN radius: an
     uncertified centre, no ball). Chapters *Corollary 1 and the certified radius* and
-    *Adversarial noise* (:func:`ccu.experiment.adversarial_noise`'s ``images_inside_balls``).
+    *Adversarial noise* (:func:`ccu.adversarial_noise.adversarial_noise`'s ``images_inside_balls``).
 
     Returns ``(inside, nearest, index)`` on the CPU: a bool mask (N,), the distance from each
     centre to its nearest image and that image's index."""
@@ -230,7 +230,7 @@ def images_in_balls(model, noise, radii, data, level: float = 1.1) -> dict:
 
 # ----------------------------------------------------------------------------- adversarial noise
 def adversarial_noise_check(summary: dict) -> dict:
-    """The certificate of the ball method (CCU) in :func:`ccu.experiment.adversarial_noise`'s
+    """The certificate of the ball method (CCU) in :func:`ccu.adversarial_noise.adversarial_noise`'s
     summary, Table 1 (chapter *Adversarial noise*, ``book/adversarial_noise.ipynb``): no attacked
     point above Corollary 3.1's bound, none outside its ball. Returns the summary; raises
     :class:`GuaranteeViolated` otherwise."""
@@ -248,7 +248,7 @@ def adversarial_noise_check(summary: dict) -> dict:
 
 def own_certificates(adv, names) -> dict:
     """Each certifying method's own Corollary 3.1 certificate over the balls of
-    :func:`ccu.experiment.adversarial_noise` (chapter *Try your own density model*,
+    :func:`ccu.adversarial_noise.adversarial_noise` (chapter *Try your own density model*,
     ``book/own_density.ipynb``): ``{method: {"bound_violations", "median_own_radius"}}`` (the
     median NaN when the method certifies no ball). Raises :class:`GuaranteeViolated` if any
     method has a point above its own bound."""

@@ -20,6 +20,7 @@ from ccu.bounds import log_ratio_bound
 from ccu.config import Profile, TrainSettings, get_profile, train_settings
 from ccu.data import Dataset, load_dataset
 from ccu.data.images import uniform_noise
+from ccu.records import AUPR_IN, AUROC, Metrics
 
 
 class ChapterSetup(NamedTuple):
@@ -211,7 +212,7 @@ def reference_caption(dataset: str, ref: dict) -> str:
 # ----------------------------------------------------------------------------- corollary 1
 def noise_centres(prof: Profile, data: Dataset, seed: int) -> torch.Tensor:
     """The uniform-noise centres the Corollary 1 chapter certifies."""
-    return uniform_noise(prof.n_seeds, data.spec.shape, seed=seed + 100)
+    return uniform_noise(prof.n_centres, data.spec.shape, seed=seed + 100)
 
 
 def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
@@ -237,14 +238,14 @@ def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
 # ----------------------------------------------------------------------------- figure 2
 def worst_cases_of_run(adv, data: Dataset, prof: Profile, seed: int, rows: int = 4):
     """Figure 2's rows (see :func:`ccu.plots.plot_worst_cases`) from
-    :func:`ccu.experiment.adversarial_noise`'s result: the first ``rows`` attacked (certified)
-    noise seeds."""
-    seeds = adv.seeds[adv.certified]
-    rows = min(rows, len(seeds))
+    :func:`ccu.adversarial_noise.adversarial_noise`'s result: the first ``rows`` attacked (certified)
+    noise centres."""
+    centres = adv.centres[adv.certified]
+    rows = min(rows, len(centres))
     return [
         {
-            "label": f"seed {i}",
-            "seed": seeds[i],
+            "label": f"centre {i}",
+            "centre": centres[i],
             "worst": {
                 m: (np.asarray(adv.worst_x[m])[i], float(np.asarray(adv.worst_score[m])[i]))
                 for m in adv.methods
@@ -255,13 +256,14 @@ def worst_cases_of_run(adv, data: Dataset, prof: Profile, seed: int, rows: int =
 
 
 def worst_cases_of_reference(dataset: str, ref: dict, rows: int = 2):
-    """Figure 2's rows from a committed reference run (its ``figure2.npz``)."""
+    """Figure 2's rows from a committed reference run (its ``figure2.npz``, whose ``seed`` array
+    holds the centres)."""
     names, z = reference_results.figure2_rows(ref["directory"])
     rows = min(rows, len(z["seed"]))
     return [
         {
-            "label": f"{dataset}\nseed {i}",
-            "seed": z["seed"][i],
+            "label": f"{dataset}\ncentre {i}",
+            "centre": z["seed"][i],
             "worst": {m: (z[f"{m}_worst_x"][i], float(z[f"{m}_worst_score"][i])) for m in names},
         }
         for i in range(rows)
@@ -293,7 +295,7 @@ def reference_ood_tables(refs: dict) -> list:
     out = []
     for name, ref in refs.items():
         caption = reference_caption(name, ref)
-        for metric, title in (("auroc", "AUROC (%)"), ("aupr_in", "AUPR-In (%)")):
+        for metric, title in ((AUROC, "AUROC (%)"), (AUPR_IN, "AUPR-In (%)")):
             table = report.ood_table(ref["metrics"], ref.get("dataset", name), metric)
             out.append(report.styled(table, f"{title}, {caption}"))
     return out
@@ -313,6 +315,7 @@ def reference_attack_tables(refs: dict) -> list:
         out.append(
             report.styled(report.attack_table(ref["table1"], dataset), f"Table 1 (%), {caption}")
         )
-        p_stats = report.p_stats_row(ccu_metrics, dataset, ccu_metrics["n_test"])
+        n_test = Metrics.from_json(ccu_metrics).n_test
+        p_stats = report.p_stats_row(ccu_metrics, dataset, n_test)
         out.append(report.styled(p_stats, f"P_Stats, {caption}", 2))
     return out

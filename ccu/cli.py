@@ -129,6 +129,7 @@ def cmd_methods(args) -> int:
 
 def cmd_train(args) -> int:
     from ccu import steps
+    from ccu.records import TEST_ERROR
 
     spec = _spec(args)
     stamp = steps.train_one(spec, _root(args))
@@ -136,7 +137,7 @@ def cmd_train(args) -> int:
     print(
         f"{args.method} on {args.dataset} (profile {spec.profile.name}, seed {args.seed}): {how} "
         f"in {stamp['seconds']:.1f} s on {spec.device}; test error "
-        f"{100 * stamp['test_error']:.2f} %"
+        f"{100 * stamp[TEST_ERROR]:.2f} %"
     )
     return EXIT_OK
 
@@ -145,6 +146,7 @@ def cmd_evaluate(args) -> int:
     from dataclasses import replace
 
     from ccu import guarantees, steps
+    from ccu.records import AUPR_IN, AUROC, FPR95, Metrics
 
     spec = _spec(args, device=False)
     out = steps.evaluate_one(spec, _root(args))
@@ -156,30 +158,32 @@ def cmd_evaluate(args) -> int:
         for row in guarantees.summary_rows(g):
             cells = (f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
             print("  " + ", ".join(cells))
+    ev = Metrics.from_json(out)  # evaluation.json: the test error and the OOD sets as metrics.json
     print(
-        f"{args.method} on {args.dataset}, seed {args.seed}: test error {100 * out['test_error']:.2f} %"
+        f"{args.method} on {args.dataset}, seed {args.seed}: test error {100 * ev.test_error:.2f} %"
     )
     print(f"{'OOD set':12s} {'AUROC':>7s} {'AUPR-in':>8s} {'FPR@95':>7s}")
-    for name, m in out["ood"].items():
-        if "skipped" in m:
-            print(f"{name:12s} skipped: {m['skipped']}")
+    for name in ev.ood_sets():
+        if ev.skipped(name) is not None:
+            print(f"{name:12s} skipped: {ev.skipped(name)}")
         else:
-            aurocs = f"{100 * m['auroc']:7.1f} {100 * m['aupr_in']:8.1f} {100 * m['fpr95']:7.1f}"
-            print(f"{name:12s} {aurocs}")
+            values = (100 * ev.value(name, k) for k in (AUROC, AUPR_IN, FPR95))
+            print(f"{name:12s} " + "{:7.1f} {:8.1f} {:7.1f}".format(*values))
     return EXIT_OK
 
 
 def cmd_attack(args) -> int:
     from ccu import report, steps
-    from ccu.records import MEDIAN_RADIUS, N_CERTIFIED, N_SEEDS
+    from ccu.records import AttackSummary
 
     spec = _spec(args)
     methods = args.method or steps.trained_methods(spec, _root(args))
     s = steps.attack_dataset(spec, methods, _root(args)).summary
+    head = AttackSummary.from_json(s)
     print(
-        f"{args.dataset} (profile {spec.profile.name}, seed {args.seed}): {s[N_CERTIFIED]} of "
-        f"{s[N_SEEDS]} noise points certified, median radius {s[MEDIAN_RADIUS]:.4g}, "
-        f"CCU bound violations {s['ccu_bound_violations']}"
+        f"{args.dataset} (profile {spec.profile.name}, seed {args.seed}): {head.n_certified} of "
+        f"{head.n_centres} noise points certified, median radius {head.median_radius:.4g}, "
+        f"CCU bound violations {head.ccu_bound_violations}"
     )
     print(report.attack_table(s, args.dataset).to_string())
     return EXIT_OK

@@ -22,10 +22,12 @@ from ccu.settings import (
     CHAPTER_FIELDS,
     LABELLED_PROFILES,
     PROFILES,
+    RENAMED_FIELDS,
     SMOKE_SCALE,
     TRAINING_FIELDS,
     Profile,
     TrainSettings,
+    current_fields,
     profile_label,
 )
 
@@ -35,10 +37,12 @@ __all__ = [
     "LABELLED_PROFILES",
     "PROFILES",
     "PROFILE_CHECKS",
+    "RENAMED_FIELDS",
     "SMOKE_SCALE",
     "TRAINING_FIELDS",
     "Profile",
     "TrainSettings",
+    "current_fields",
     "get_profile",
     "profile_label",
     "train_settings",
@@ -50,11 +54,14 @@ def get_profile(name: str, dataset: str | None = None, **overrides) -> Profile:
 
     A profile with overrides that change it is renamed after them (:func:`profile_label`, e.g.
     ``paper-e30`` or ``smoke-e2-n400``): a reduced run never passes for the paper's protocol,
-    and runs of different settings never share a results folder. Given the ``dataset`` it runs
-    on, ``smoke`` is scaled to the dataset's network first (:data:`SMOKE_SCALE`; ResNet18 sets
-    train fewer epochs on fewer points and score fewer test points), as overrides that the
-    given ones take precedence over, e.g. ``get_profile("smoke", "fmnist")`` is
-    ``smoke-e2-n200-seeds10-steps10-restarts2-test500``."""
+    and runs of different settings never share a results folder. An earlier name of a field
+    (:data:`ccu.settings.RENAMED_FIELDS`: ``n_seeds`` for ``n_centres``) is taken as the field.
+    Given the ``dataset`` it runs on, ``smoke`` is scaled to the dataset's network first
+    (:data:`SMOKE_SCALE`; ResNet18 sets train fewer epochs on fewer points, score fewer test
+    points and attack fewer, shorter), as overrides that the given ones take precedence over,
+    e.g. ``get_profile("smoke", "fmnist")`` is
+    ``smoke-e2-n200-centres10-steps10-restarts2-test500``."""
+    overrides = current_fields(overrides)
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}.")
     unknown = set(overrides) - {f.name for f in fields(Profile)} | ({"name"} & set(overrides))
@@ -80,7 +87,7 @@ _COUNTS = {
     "epochs": "training epochs",
     "n_test": "test points scored (null: all)",
     "n_components": "mixture components",
-    "n_seeds": "noise points to certify and attack",
+    "n_centres": "noise points to certify and attack",
     "attack_steps": "PGD steps",
     "attack_restarts": "restarts per noise point",
     "ensemble": "ensemble members",
@@ -88,7 +95,7 @@ _COUNTS = {
 
 
 def _check_counts(profile: Profile) -> None:
-    """A ValueError naming the first field that is not a positive count (``n_seeds: 0`` would
+    """A ValueError naming the first field that is not a positive count (``n_centres: 0`` would
     train every method, then find no noise point to attack)."""
     for name, what in {**_COUNTS, "n_train": "training points (null: all)"}.items():
         value = getattr(profile, name)

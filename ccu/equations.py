@@ -175,7 +175,7 @@ INDEX: tuple[Entry, ...] = (
         "Table:AttackStats",
         "test error, success rate and AUC of the attack in the certified balls",
         (
-            "ccu.experiment.adversarial_noise",
+            "ccu.adversarial_noise.adversarial_noise",
             "ccu.report.attack_table",
             "ccu.evaluate.success_rate",
             "ccu.evaluate.strict_auc",

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
 
+from ccu.records import AUPR_IN, AUPR_OUT, AUROC, FPR95
+
 
 def _arrays(score_in, score_out):
     a = np.asarray(score_in, dtype=np.float64).ravel()
@@ -73,10 +75,10 @@ def fpr_at_95(score_in, score_out) -> float:
 def ood_metrics(score_in, score_out) -> dict[str, float]:
     """AUROC, AUPR-In, AUPR-Out and FPR@95 (fractions in [0, 1])."""
     return {
-        "auroc": auroc(score_in, score_out),
-        "aupr_in": aupr_in(score_in, score_out),
-        "aupr_out": aupr_out(score_in, score_out),
-        "fpr95": fpr_at_95(score_in, score_out),
+        AUROC: auroc(score_in, score_out),
+        AUPR_IN: aupr_in(score_in, score_out),
+        AUPR_OUT: aupr_out(score_in, score_out),
+        FPR95: fpr_at_95(score_in, score_out),
     }
 
 

@@ -20,6 +20,7 @@ import pandas as pd
 from ccu import report
 from ccu.data import REGISTRY
 from ccu.methods import METHOD_ORDER, ordered
+from ccu.records import AUPR_IN, AUROC, Metrics
 
 TABLES = ("Table 1", "Table 2", "AUPR", "P_Stats")
 PAPER_DATASETS = ("MNIST", "FMNIST", "SVHN", "CIFAR10", "CIFAR100")
@@ -89,12 +90,13 @@ def _pct(v):
 
 
 def _rows_ood(paper: str, ref: dict, table: str, metric: str, method: str) -> list[tuple]:
-    t = report.paper_table("table2_ood_auc" if metric == "auroc" else "table_aupr")
+    t = report.paper_table("table2_ood_auc" if metric == AUROC else "table_aupr")
     t = t[(t.in_dataset == paper) & (t.method == method)]
     by_paper_name = {}
     for method, m in ref["metrics"].items():
-        for ood, v in m.get("ood", {}).items():
-            by_paper_name[(report.PAPER_OOD.get(ood, ood), method)] = v.get(metric)
+        record = Metrics.from_json(m)
+        for ood in record.ood_sets():
+            by_paper_name[(report.PAPER_OOD.get(ood, ood), method)] = record.value(ood, metric)
     rows = []
     for _, r in t.iterrows():
         rows.append(
@@ -118,11 +120,12 @@ def _rows_pstats(paper: str, ref: dict) -> list[tuple]:
     p = t.iloc[0]
     ours = {"min p(y|x) %": np.nan, "# < 1.1/M": np.nan, "% < 1.1/M": np.nan}
     if m is not None:
-        n = m["n_below_1.1_over_M"]
+        record = Metrics.from_json(m)
+        n = record.n_below_level
         ours = {
-            "min p(y|x) %": 100 * m["min_confidence"],
+            "min p(y|x) %": 100 * record.min_confidence,
             "# < 1.1/M": float(n),
-            "% < 1.1/M": 100 * n / m["n_test"],
+            "% < 1.1/M": 100 * n / record.n_test,
         }
     paper_values = {
         "min p(y|x) %": p.min_confidence_pct,
@@ -143,10 +146,8 @@ def comparison(root: Path | None = None) -> pd.DataFrame:
         for method in ordered(METHOD_ORDER):
             ref = run_for(runs, method)
             r = empty if ref is None else _only(ref, method)
-            rows_m = _rows_table1(paper, r, method) + _rows_ood(
-                paper, r, "Table 2", "auroc", method
-            )
-            rows_m += _rows_ood(paper, r, "AUPR", "aupr_in", method)
+            rows_m = _rows_table1(paper, r, method) + _rows_ood(paper, r, "Table 2", AUROC, method)
+            rows_m += _rows_ood(paper, r, "AUPR", AUPR_IN, method)
             if method == "CCU":
                 rows_m += _rows_pstats(paper, r)
             prov = provenance(ref) if ref else {"profile": None, "run": None}

@@ -35,7 +35,7 @@ from ccu import lp
 from ccu._version import __version__
 from ccu.attacks import confidence_score
 from ccu.bounds import certified_mask, certified_radius, confidence_bound
-from ccu.records import CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED
+from ccu.records import AUROC, CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED, TEST_ERROR, Metrics
 
 #: the l_inf radius of GOOD (Bitterwolf et al. 2020) and ProoD (Meinke et al. 2022)
 FIELD_EPS = {"grey": 0.3, "colour": 0.01}
@@ -173,10 +173,11 @@ def run_guarantees(run, data, level: float = 1.1, ood_seed: int = 1, batch: int 
         eps_2=L2_SWEEP,
         batch=batch,
     )
+    metrics = Metrics.from_json(run.metrics)
     for name, row in out["sets"].items():  # the same run's clean AUROC, for the comparison
-        auroc = run.metrics.get("ood", {}).get(name, {}).get("auroc")
+        auroc = metrics.value(name, AUROC)
         if auroc is not None:
-            row["auroc"] = auroc
+            row[AUROC] = auroc
     out.update(
         dataset=run.config.get("dataset"),
         method=run.config.get("method"),
@@ -184,7 +185,7 @@ def run_guarantees(run, data, level: float = 1.1, ood_seed: int = 1, batch: int 
         seed=run.config.get("seed"),
         field_eps_inf=FIELD_EPS[k],
         skipped=skipped,
-        test_error=run.metrics.get("test_error"),
+        **{TEST_ERROR: metrics.test_error},
         model_files=run.config.get("files"),  # digests of the saved run these numbers are for
         ccu_version=__version__,
         torch_version=torch.__version__,
@@ -296,7 +297,7 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
                     method=g["method"],
                     ood_set=report.PAPER_OOD.get(name, name),
                     eps_inf=eps,
-                    AUC=100 * s["auroc"] if "auroc" in s else None,
+                    AUC=100 * s[AUROC] if AUROC in s else None,
                     GAUC=100 * gi["gauc"],
                     GAUC_strict=100 * gi["gauc_strict"],
                     network="LeNet + GMMs (CCU)",

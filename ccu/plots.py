@@ -194,10 +194,10 @@ def score_label(method: str, score: float) -> str:
 
 
 def plot_worst_cases(rows: list[dict], methods=None):
-    """Figure 2 of the paper: one row per noise seed; the seed, then each method's worst case in
-    the certified ball with its confidence (the raw score for MCD and Maha) above it.
+    """Figure 2 of the paper: one row per noise centre; the centre, then each method's worst case
+    in the certified ball with its confidence (the raw score for MCD and Maha) above it.
 
-    ``rows``: dicts with ``label`` (the row's name), ``seed`` (the image, (C, H, W)) and ``worst``
+    ``rows``: dicts with ``label`` (the row's name), ``centre`` (the image, (C, H, W)) and ``worst``
     (``{method: (image, score)}``); a method missing from a row leaves its panel empty.
     Chapter *Adversarial noise* (``book/adversarial_noise.ipynb``).
     """
@@ -211,7 +211,7 @@ def plot_worst_cases(rows: list[dict], methods=None):
         squeeze=False,
     )
     for i, row in enumerate(rows):
-        _show_image(axes[i, 0], row["seed"])
+        _show_image(axes[i, 0], row["centre"])
         axes[i, 0].set_title(row["label"], fontsize=8)
         for j, m in enumerate(methods):
             ax = axes[i, j + 1]

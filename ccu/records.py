@@ -11,6 +11,9 @@
   :data:`CERTIFIED_AUC`, :data:`MEDIAN_RADIUS`, ...
 * :class:`AttackSummary`: the headline of one ``table1.json`` as a frozen record, read with
   :meth:`AttackSummary.from_json` and written back unchanged with :meth:`AttackSummary.to_json`.
+* :class:`Metrics`: one method's ``metrics.json`` (test error, confidences, the OOD metrics per
+  set) as a frozen record, the same way; its keys (:data:`TEST_ERROR`, :data:`AUROC`, ...) and
+  those of ``evaluation.json`` are spelled here alone.
 """
 
 from __future__ import annotations
@@ -19,25 +22,54 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ccu.config import Profile
-    from ccu.data import Dataset
+    from ccu.data.spec import Dataset
+    from ccu.settings import Profile
 
 # ----------------------------------------------------------------------------- summary keys
-#: noise seeds drawn for Table 1 (the paper: 200 per dataset)
-N_SEEDS = "n_seeds"
-#: seeds whose CCU bound at ``R = 0`` is below the level ``1.1 / M``: they get a certified ball
+#: uniform-noise centres drawn for Table 1, one ball each (the paper: 200 per dataset)
+N_CENTRES = "n_centres"
+#: the earlier name of :data:`N_CENTRES` (``table1.json`` written before the rename, and the
+#: committed reference results): still read, by :meth:`AttackSummary.from_json` alone
+N_CENTRES_OLD = "n_seeds"
+#: centres whose CCU bound at ``R = 0`` is below the level ``1.1 / M``: they get a certified ball
 N_CERTIFIED = "n_certified"
-#: seeds without a certified ball (not attacked, counted apart)
+#: centres without a certified ball (not attacked, counted apart)
 N_UNCERTIFIED = "n_uncertified"
 #: the strict AUC of in-distribution confidences against CCU's guaranteed upper bounds
-#: (Corollary 1, eq. (8)); uncertified seeds count as failures
+#: (Corollary 1, eq. (8)); uncertified centres count as failures
 CERTIFIED_AUC = "certified_auc"
-#: the median certified radius over the certified seeds (Table 1's "radius")
+#: the median certified radius over the certified centres (Table 1's "radius")
 MEDIAN_RADIUS = "median_radius"
 #: float64 bound violations of CCU's worst points (any is a false certificate)
 CCU_BOUND_VIOLATIONS = "ccu_bound_violations"
 #: per method: TE, SR, AUC of Table 1 and the attack's checks
 METHODS = "methods"
+
+
+# ----------------------------------------------------------------------------- metric keys
+#: the clean test error, a fraction (Table 1's TE)
+TEST_ERROR = "test_error"
+#: test points scored
+N_TEST = "n_test"
+#: the mean of the highest class probability (over the test set, or over one OOD set)
+MEAN_MAX_CONFIDENCE = "mean_max_confidence"
+#: the lowest highest class probability over the test set (the appendix's P_Stats)
+MIN_CONFIDENCE = "min_confidence"
+#: test points whose highest class probability is below ``1.1 / M`` (P_Stats)
+N_BELOW_LEVEL = "n_below_1.1_over_M"
+#: per OOD set: its metrics (:data:`OOD_METRICS` and :data:`MEAN_MAX_CONFIDENCE`) or why it was
+#: skipped (:data:`SKIPPED`)
+OOD = "ood"
+#: per OOD set that loaded: where its images came from and how many (``n``)
+OOD_SOURCES = "ood_sources"
+#: an OOD set that could not be loaded (a download-only set offline): the first line of why
+SKIPPED = "skipped"
+#: the OOD metrics of one set (:func:`ccu.evaluate.ood_metrics`; fractions in [0, 1]): AUROC
+#: (Table 2), AUPR-In (Table 6), AUPR-Out and FPR@95, in the order ``metrics.json`` holds them
+AUROC, AUPR_IN, AUPR_OUT, FPR95 = "auroc", "aupr_in", "aupr_out", "fpr95"
+OOD_METRICS = (AUROC, AUPR_IN, AUPR_OUT, FPR95)
+#: ``evaluation.json``: the mean AUROC over the OOD sets that loaded
+MEAN_AUROC = "mean_auroc"
 
 
 @dataclass(frozen=True)
@@ -80,13 +112,13 @@ class RunSpec:
         import torch
 
         from ccu._version import __version__
-        from ccu.config import train_settings
+        from ccu.data.registry import get_spec  # the dataset's record holds its settings
 
         out = {
             "dataset": self.dataset,
             "method": self.method,
             "profile": self.profile.as_dict(),
-            "settings": asdict(train_settings(self.dataset)),
+            "settings": asdict(get_spec(self.dataset).settings),
             "seed": self.seed,
             "ccu_version": __version__,
             "torch_version": torch.__version__,
@@ -126,11 +158,13 @@ class RunSpec:
 @dataclass(frozen=True)
 class AttackSummary:
     """The headline of the adversarial-noise experiment (``table1.json``; Table 1 of the paper):
-    how many of ``n_seeds`` noise points got a certified ball, their median radius, the certified
-    AUC and CCU's bound violations. ``fields`` keeps the whole JSON object, so that
-    :meth:`to_json` gives back exactly what :meth:`from_json` read."""
+    how many of ``n_centres`` uniform-noise centres got a certified ball, their median radius,
+    the certified AUC and CCU's bound violations. ``fields`` keeps the whole JSON object, so that
+    :meth:`to_json` gives back exactly what :meth:`from_json` read. A summary written before the
+    rename says ``n_seeds`` (:data:`N_CENTRES_OLD`): it is read as ``n_centres`` and written back
+    under the name it had."""
 
-    n_seeds: int
+    n_centres: int
     n_certified: int
     median_radius: float
     certified_auc: float
@@ -140,7 +174,7 @@ class AttackSummary:
     @classmethod
     def from_json(cls, obj: dict) -> AttackSummary:
         return cls(
-            obj[N_SEEDS],
+            obj[_centres_key(obj)],
             obj[N_CERTIFIED],
             obj[MEDIAN_RADIUS],
             obj[CERTIFIED_AUC],
@@ -152,7 +186,7 @@ class AttackSummary:
         out = dict(self.fields)
         out.update(
             {
-                N_SEEDS: self.n_seeds,
+                _centres_key(out): self.n_centres,
                 N_CERTIFIED: self.n_certified,
                 MEDIAN_RADIUS: self.median_radius,
                 CERTIFIED_AUC: self.certified_auc,
@@ -161,3 +195,99 @@ class AttackSummary:
         if self.ccu_bound_violations is not None:
             out[CCU_BOUND_VIOLATIONS] = self.ccu_bound_violations
         return out
+
+
+def _centres_key(summary: dict) -> str:
+    """The key of the number of centres in ``summary``: :data:`N_CENTRES`, or in a summary
+    written before the rename :data:`N_CENTRES_OLD`."""
+    return N_CENTRES_OLD if N_CENTRES_OLD in summary and N_CENTRES not in summary else N_CENTRES
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One method's ``metrics.json`` (:func:`ccu.experiment.score_sets`): the test error, the
+    test set's confidences (the appendix's P_Stats) and, per OOD set, its OOD metrics (AUROC of
+    Table 2, AUPR of Table 6, ...) or why it was skipped. ``fields`` keeps the whole JSON object,
+    so that :meth:`to_json` gives back exactly what :meth:`from_json` read; a field absent from
+    the file (an older or partial one) is None and stays absent."""
+
+    test_error: float | None = None
+    n_test: int | None = None
+    mean_max_confidence: float | None = None
+    min_confidence: float | None = None
+    n_below_level: int | None = None
+    ood: dict[str, dict] | None = None
+    ood_sources: dict[str, dict] | None = None
+    fields: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Metrics:
+        return cls(
+            obj.get(TEST_ERROR),
+            obj.get(N_TEST),
+            obj.get(MEAN_MAX_CONFIDENCE),
+            obj.get(MIN_CONFIDENCE),
+            obj.get(N_BELOW_LEVEL),
+            obj.get(OOD),
+            obj.get(OOD_SOURCES),
+            dict(obj),
+        )
+
+    def to_json(self) -> dict:
+        out = dict(self.fields)
+        for key, value in (
+            (TEST_ERROR, self.test_error),
+            (N_TEST, self.n_test),
+            (MEAN_MAX_CONFIDENCE, self.mean_max_confidence),
+            (MIN_CONFIDENCE, self.min_confidence),
+            (N_BELOW_LEVEL, self.n_below_level),
+            (OOD, self.ood),
+            (OOD_SOURCES, self.ood_sources),
+        ):
+            if value is not None or key in out:
+                out[key] = value
+        return out
+
+    @staticmethod
+    def ood_entry(metrics: dict[str, float], mean_max_confidence: float | None) -> dict:
+        """One OOD set's entry: its :data:`OOD_METRICS` and the mean highest class probability
+        on it."""
+        return dict(metrics, **{MEAN_MAX_CONFIDENCE: mean_max_confidence})
+
+    @staticmethod
+    def skipped_entry(why: str) -> dict:
+        """The entry of an OOD set that could not be loaded."""
+        return {SKIPPED: why}
+
+    def ood_sets(self) -> dict[str, dict]:
+        """Every OOD set's entry (skipped ones too), in the file's order."""
+        return dict(self.ood or {})
+
+    def skipped(self, name: str) -> str | None:
+        """Why OOD set ``name`` was skipped, or None when it was scored."""
+        return (self.ood or {}).get(name, {}).get(SKIPPED)
+
+    def value(self, name: str, key: str = AUROC) -> float | None:
+        """OOD metric ``key`` (:data:`OOD_METRICS`, or :data:`MEAN_MAX_CONFIDENCE`) of set
+        ``name``; None when the set was skipped or has no such value."""
+        return (self.ood or {}).get(name, {}).get(key)
+
+    def source(self, name: str) -> dict:
+        """Where OOD set ``name``'s images came from (:data:`OOD_SOURCES`; empty if unknown)."""
+        return (self.ood_sources or {}).get(name, {})
+
+
+def evaluation_record(spec: RunSpec, metrics: Metrics, ood: dict[str, dict]) -> dict:
+    """``evaluation.json`` (:func:`ccu.steps.evaluate_one`): the run named by ``spec``, its test
+    error and the OOD metrics recomputed from the saved scores (``ood``, entries as in
+    :class:`Metrics`), with their mean AUROC over the sets that loaded."""
+    aurocs = [v[AUROC] for v in ood.values() if AUROC in v]
+    return {
+        "dataset": spec.dataset,
+        "method": spec.method,
+        "seed": spec.seed,
+        "profile": spec.profile.name,
+        TEST_ERROR: metrics.test_error,
+        OOD: ood,
+        MEAN_AUROC: sum(aurocs) / len(aurocs) if aurocs else float("nan"),
+    }

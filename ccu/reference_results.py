@@ -9,9 +9,10 @@ Per dataset folder::
     <method>.metrics.json      test error, confidences, OOD metrics
     <method>.guarantees.json   certificates and GAUC (certifying methods, :mod:`ccu.guarantees`)
     table1.json                the adversarial-noise summary (Table 1) with provenance and times
-    radii.csv                  CCU's certified radius per noise seed (NaN: not certified)
-    figure2.npz                the first eight certified seeds and every method's worst points
-                               and scores in their balls (Figure 2)
+    radii.csv                  CCU's certified radius per noise centre (NaN: not certified)
+    figure2.npz                the first eight certified centres (``seed``, the key of before
+                               the rename) and every method's worst points and scores in their
+                               balls (Figure 2)
     comparison.csv             the density comparison (``densities/<profile>/<dataset>/`` only)
 
 Every file is written with the results store's atomic writes (:func:`ccu.results.atomic_bytes`).
@@ -96,10 +97,10 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     import numpy as np
     import torch
 
-    from ccu import experiment
+    from ccu.adversarial_noise import AdversarialResult
     from ccu.methods import ordered
 
-    adv = experiment.AdversarialResult.load(store.adversarial_dir(prof, dataset, root, seed))
+    adv = AdversarialResult.load(store.adversarial_dir(prof, dataset, root, seed))
     names = ordered(methods or adv.methods)
     commit = current_commit()
     out = Path(out_dir) / prof.label / dataset
@@ -138,14 +139,14 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     per_method.update({k: known[k] for k in names if known.get(k) is not None})
     table1.update(extra, wall_seconds_per_method=per_method)
     write_table1(out, table1)
-    # NaN marks an uncertified seed (no certified ball)
+    # NaN marks an uncertified centre (no certified ball)
     buf = io.BytesIO()
     np.savetxt(buf, adv.radii, fmt="%.6g", header="certified radius per seed")
     store.atomic_bytes(out / RADII, buf.getvalue())
     buf = io.BytesIO()
     np.savez_compressed(
         buf,
-        seed=adv.seeds[adv.certified][:8],
+        seed=adv.centres[adv.certified][:8],
         **{f"{m}_worst_x": adv.worst_x[m][:8] for m in names},
         **{f"{m}_worst_score": adv.worst_score[m] for m in names},
     )
@@ -168,7 +169,7 @@ def load_reference(profile: str, dataset: str, root: Path | None = None) -> dict
     for f in sorted(d.glob(f"*.{METRICS}")):
         out["metrics"][f.name.split(".")[0]] = json.loads(f.read_text())
     for f in sorted(d.glob(f"*.{CONFIG}")):
-        out["config"][f.name.split(".")[0]] = json.loads(f.read_text())
+        out["config"][f.name.split(".")[0]] = store.normalised_config(json.loads(f.read_text()))
     if (d / TABLE1).exists():
         out["table1"] = json.loads((d / TABLE1).read_text())
     return out

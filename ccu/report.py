@@ -15,6 +15,7 @@ import pandas as pd
 
 from ccu.data import OOD_SETS, REGISTRY
 from ccu.methods import ordered
+from ccu.records import AUROC, MEAN_MAX_CONFIDENCE, AttackSummary, Metrics
 from ccu.reference_results import REFERENCE_RESULTS, load_reference  # noqa: F401 - re-exported
 
 #: registry names -> the paper's dataset names, and OOD set names -> the paper's column names
@@ -39,7 +40,7 @@ def _acet2_paper(table: str, key_col: str, dataset: str, key: str) -> float:
     return float(row.ACET2.iloc[0]) if len(row) else np.nan
 
 
-def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> pd.DataFrame:
+def ood_table(metrics: dict[str, dict], dataset: str, metric: str = AUROC) -> pd.DataFrame:
     """Table 2 (``auroc``) or the AUPR table (``aupr_in``) rows for ``dataset``.
 
     The paper's Table 2 and Table 6 (AUPR), ACET2's values from Table 4; chapter *OOD
@@ -50,23 +51,24 @@ def ood_table(metrics: dict[str, dict], dataset: str, metric: str = "auroc") -> 
     "(not available)" in its name and no value of ours, and a set that stands in for the
     paper's says so (e.g. "Imagenet- (Tiny ImageNet test)").
     """
-    paper = paper_table("table2_ood_auc" if metric == "auroc" else "table_aupr")
+    paper = paper_table("table2_ood_auc" if metric == AUROC else "table_aupr")
     paper = paper[paper.in_dataset == PAPER_DATASET.get(dataset, "")]
     rows = []
     for method in ordered(metrics):
-        for ood, m in metrics[method]["ood"].items():
-            if metric not in m and "skipped" not in m:
+        record = Metrics.from_json(metrics[method])
+        for ood, m in record.ood_sets().items():
+            skipped = record.skipped(ood) is not None
+            if metric not in m and not skipped:
                 continue
             p = paper[(paper.ood_dataset == PAPER_OOD.get(ood)) & (paper.method == method)]
             value = float(p.value.iloc[0]) if len(p) else np.nan
-            if method == "ACET2" and metric == "auroc":  # the appendix's ACET2 table
+            if method == "ACET2" and metric == AUROC:  # the appendix's ACET2 table
                 value = _acet2_paper(
                     "table_acet2_ood_auc", "in_dataset", dataset, PAPER_OOD.get(ood)
                 )
             # the column says when a set stands in for the paper's or was not available
-            sources = metrics[method].get("ood_sources", {})
-            label = sources.get(ood, {}).get("label", PAPER_OOD.get(ood, ood))
-            if "skipped" in m:
+            label = record.source(ood).get("label", PAPER_OOD.get(ood, ood))
+            if skipped:
                 label = f"{label} (not available)"
             rows.append(
                 {
@@ -111,9 +113,10 @@ def p_stats_row(ccu_metrics: dict, dataset: str, n_test: int) -> pd.DataFrame:
     The paper's Table 3; chapter *Adversarial noise* (``book/adversarial_noise.ipynb``)."""
     paper = paper_table("table_p_stats")
     p = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
-    n_below = ccu_metrics["n_below_1.1_over_M"]
+    record = Metrics.from_json(ccu_metrics)
+    n_below = record.n_below_level
     ours = {
-        "min p(y|x) %": 100 * ccu_metrics["min_confidence"],
+        "min p(y|x) %": 100 * record.min_confidence,
         "# < 1.1/M": n_below,
         "% < 1.1/M": 100 * n_below / n_test,
     }
@@ -157,18 +160,20 @@ def every_reference_run(root: Path | None = None) -> dict[str, dict]:
 def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | None = None):
     """Density families side by side (chapter *Try your own density model*): one row per
     certifying method (``CCU``, ``CCU-<family>``) with its test error, AUROC per OOD set (%), its
-    own certified seeds, median certified radius and certified AUC, and its training time."""
+    own certified centres (the column ``certified seeds``), median certified radius and certified
+    AUC, and its training time."""
     rows = {}
     for method in ordered(metrics):
         cert = table1.get("methods", {}).get(method, {}).get("certificate")
         if cert is None:
             continue
-        m = metrics[method]
-        row = {"TE %": 100 * m["test_error"]}
-        for ood, v in m["ood"].items():
-            if "auroc" in v:
-                row[f"AUROC {PAPER_OOD.get(ood, ood)}"] = 100 * v["auroc"]
-        row["certified seeds"] = f"{cert['n_own_certified']}/{table1['n_seeds']}"
+        m = Metrics.from_json(metrics[method])
+        row = {"TE %": 100 * m.test_error}
+        for ood in m.ood_sets():
+            if m.value(ood, AUROC) is not None:
+                row[f"AUROC {PAPER_OOD.get(ood, ood)}"] = 100 * m.value(ood, AUROC)
+        n_centres = AttackSummary.from_json(table1).n_centres
+        row["certified seeds"] = f"{cert['n_own_certified']}/{n_centres}"  # the column's name
         row["median radius"] = cert["median_own_radius"]
         row["certified AUC %"] = 100 * cert["own_certified_auc"]
         row["SR %"] = 100 * table1["methods"][method]["SR"]
@@ -187,12 +192,12 @@ def every_metric_table(metrics: dict[str, dict]) -> pd.DataFrame:
     the mean max confidence on the OOD set), one row per (method, OOD set), paper order."""
     rows = []
     for method in ordered(metrics):
-        for ood, d in metrics[method]["ood"].items():
-            if "auroc" not in d:
+        for ood, d in Metrics.from_json(metrics[method]).ood_sets().items():
+            if AUROC not in d:
                 continue
             row = {"method": method, "OOD set": PAPER_OOD.get(ood, ood)}
-            row.update({k: 100 * v for k, v in d.items() if k != "mean_max_confidence"})
-            row["mean conf."] = d.get("mean_max_confidence", np.nan)
+            row.update({k: 100 * v for k, v in d.items() if k != MEAN_MAX_CONFIDENCE})
+            row["mean conf."] = d.get(MEAN_MAX_CONFIDENCE, np.nan)
             rows.append(row)
     if not rows:
         return pd.DataFrame()
@@ -247,8 +252,8 @@ def training_table(runs: dict) -> pd.DataFrame:
     max confidence on the test set, training seconds (NaN if unknown) and whether it was loaded."""
     rows = {
         m: {
-            "test error %": 100 * r.metrics["test_error"],
-            "mean max confidence": r.metrics["mean_max_confidence"],
+            "test error %": 100 * Metrics.from_json(r.metrics).test_error,
+            "mean max confidence": Metrics.from_json(r.metrics).mean_max_confidence,
             "train seconds": r.config.get("train_seconds", np.nan),
             "loaded from disk": bool(r.loaded),
         }

@@ -12,7 +12,8 @@ Layout (under :data:`RESULTS_ROOT`, ignored by git; ``CCU_RESULTS`` moves it)::
                                          metrics.json         test error, confidences, OOD metrics
     <label>/<dataset>/seed<k>/adversarial/attack.<method>.json|npz   one method's attack
                                           table1.json, adversarial.npz  the experiment's result
-    <label>/<dataset>/tables/             mean +- sd over the seeds (:mod:`ccu.aggregate`)
+    <label>/<dataset>/tables/             mean +- sd over the seeds (:mod:`ccu.aggregate`):
+                         <name>.csv, tables.md
 
 ``<label>`` is the profile's name with every override that changes it (``smoke``,
 ``smoke-e2-n400-steps5``, ``paper-e30``: :attr:`ccu.config.Profile.label`); the trained methods
@@ -39,7 +40,8 @@ Rules:
   of a different configuration (another library version, precision, data) raises
   :class:`ResultConflictError` naming what differs, unless asked to retrain.
 
-Orchestration (train, score, certify, attack) lives in :mod:`ccu.experiment`.
+Orchestration lives in :mod:`ccu.experiment` (train, score) and :mod:`ccu.adversarial_noise`
+(certify, attack).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from ccu.data.sources import sha256
-from ccu.settings import TRAINING_FIELDS
+from ccu.settings import TRAINING_FIELDS, current_fields
 
 RESULTS_ROOT = Path(os.environ.get("CCU_RESULTS", Path(__file__).resolve().parents[1] / "results"))
 
@@ -104,6 +106,23 @@ GUARANTEES = "guarantees.json"
 RUN_TIMES = "run_times.json"
 #: the adversarial-noise experiment: its summary (Table 1, written last) and its arrays
 TABLE1, ADVERSARIAL = "table1.json", "adversarial.npz"
+#: the tables over seeds (:func:`ccu.aggregate.write_tables`): ``<name>.csv`` and, for display,
+TABLES = "tables.md"
+#: the folders of the layout: one seed's runs (``seed<k>``), its attack, the tables
+SEED_FOLDER, ADVERSARIAL_FOLDER, TABLES_FOLDER = "seed{seed}", "adversarial", "tables"
+
+
+def run_folder(root, label: str, dataset: str = "{dataset}", seed="{seed}") -> str:
+    """``<root>/<label>/<dataset>/seed<seed>`` as text (:func:`seed_dir`'s folder); with the
+    defaults, the pattern with the wildcards ``{dataset}`` and ``{seed}`` that the workflow
+    (``workflow/Snakefile``) matches."""
+    return f"{root}/{label}/{dataset}/{SEED_FOLDER.format(seed=seed)}"
+
+
+def tables_file(root, label: str, dataset: str = "{dataset}") -> str:
+    """``<root>/<label>/<dataset>/tables/tables.md`` as text (:func:`tables_dir`'s
+    :data:`TABLES`); with the default, the workflow's pattern with the wildcard ``{dataset}``."""
+    return f"{root}/{label}/{dataset}/{TABLES_FOLDER}/{TABLES}"
 
 
 def attack_files(directory: Path, method: str) -> tuple[Path, Path]:
@@ -138,7 +157,12 @@ def seed_dir(profile, dataset: str, seed: int = 0, root=None, training: bool = F
     of the trained methods, see :func:`folder_name`)."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, not {seed!r}.")
-    return root_dir(root) / folder_name(profile, training) / dataset / f"seed{int(seed)}"
+    return (
+        root_dir(root)
+        / folder_name(profile, training)
+        / dataset
+        / SEED_FOLDER.format(seed=int(seed))
+    )
 
 
 def method_dir(profile, dataset: str, method: str, root=None, seed: int = 0) -> Path:
@@ -148,12 +172,12 @@ def method_dir(profile, dataset: str, method: str, root=None, seed: int = 0) -> 
 
 def adversarial_dir(profile, dataset: str, root=None, seed: int = 0) -> Path:
     """``<root>/<label>/<dataset>/seed<seed>/adversarial``: the adversarial-noise files."""
-    return seed_dir(profile, dataset, seed, root) / "adversarial"
+    return seed_dir(profile, dataset, seed, root) / ADVERSARIAL_FOLDER
 
 
 def tables_dir(profile, dataset: str, root=None) -> Path:
     """``<root>/<label>/<dataset>/tables``: the tables aggregated over seeds."""
-    return root_dir(root) / folder_name(profile) / dataset / "tables"
+    return root_dir(root) / folder_name(profile) / dataset / TABLES_FOLDER
 
 
 def _corrupt(path: Path, exc: Exception | str) -> CorruptResultError:
@@ -219,13 +243,23 @@ def write_config(path: Path, config: dict) -> dict:
 
 def read_config(path: Path) -> dict:
     """A config.json, checked against its own sha256 (one without it, older, is taken as is); a
-    config.json edited or damaged since it was written raises :class:`CorruptResultError`."""
+    config.json edited or damaged since it was written raises :class:`CorruptResultError`.
+    Its ``profile`` comes with the current field names (:func:`ccu.settings.current_fields`: a
+    config written before a field was renamed, e.g. ``n_seeds``, names the same run)."""
     config = read_json(path)
     if not isinstance(config, dict):
         raise _corrupt(Path(path), "not a JSON object")
     saved = config.get(CONFIG_CHECKSUM)
     if saved is not None and saved != _config_digest(config):
         raise _corrupt(Path(path), "its content differs from its own checksum: it was edited")
+    return normalised_config(config)
+
+
+def normalised_config(config: dict) -> dict:
+    """``config`` with its ``profile``'s fields under their current names
+    (:func:`ccu.settings.current_fields`); the one place an older config is brought up to date."""
+    if isinstance(config.get("profile"), dict):
+        config = dict(config, profile=current_fields(config["profile"]))
     return config
 
 
@@ -260,8 +294,9 @@ def read_torch(path: Path, map_location=None):
 
 def training_profile(profile: dict | None) -> dict:
     """The training fields of a config's ``profile`` (:data:`ccu.config.TRAINING_FIELDS`): the
-    name and the attack and chapter settings do not change a trained method."""
-    profile = profile or {}
+    name and the attack and chapter settings do not change a trained method. Fields under an
+    earlier name count as the current one (:func:`normalised_config`)."""
+    profile = current_fields(profile or {})
     out = {k: profile.get(k) for k in TRAINING_FIELDS}
     if isinstance(out.get("vgg_methods"), list):  # a tuple, written as JSON
         out["vgg_methods"] = tuple(out["vgg_methods"])

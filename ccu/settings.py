@@ -20,9 +20,9 @@ class Profile:
     epochs: int  # training epochs (the paper: 100)
     n_train: int | None  # cap on in-distribution training points (None: all)
     n_components: int  # K_i = K_o (the paper: 100)
-    n_seeds: int  # uniform-noise seeds for certification and attacks (the paper: 200)
+    n_centres: int  # uniform-noise centres of the certified balls, attacked (the paper: 200)
     attack_steps: int  # PGD steps (the paper: 500)
-    attack_restarts: int  # random restarts per seed (the paper: 50)
+    attack_restarts: int  # random restarts per centre (the paper: 50)
     n_rays: int  # rays walked away from the data in the Theorem 1 chapter
     grid: int  # resolution of the 2-D confidence maps
     acet_steps: int = 40  # PGD steps of ACET's inner attack (the paper: 40)
@@ -85,7 +85,7 @@ _MINIMUM = {
     "epochs": 1,
     "n_train": 1,
     "n_components": 1,
-    "n_seeds": 1,
+    "n_centres": 1,
     "attack_steps": 1,
     "attack_restarts": 1,
     "n_rays": 1,
@@ -142,14 +142,15 @@ OPTIONAL_FIELDS = {"n_test": None}
 #: fields that replace the defaults on datasets whose network is slow on a CPU, so that every
 #: chapter runs in minutes on 2 cores (ResNet18 trains ~30-60 images/s per core at 32x32; the
 #: README's table "smoke on every dataset" has the measured times). The run is named after them
-#: like any override (``smoke-e2-n200-seeds10-steps10-restarts2-test500``): it never shares a folder with an
-#: unscaled smoke run. :func:`ccu.config.get_profile` applies them when given the dataset.
+#: like any override (``smoke-e2-n200-centres10-steps10-restarts2-test500``): it never shares a
+#: folder with an unscaled smoke run. :func:`ccu.config.get_profile` applies them when given the
+#: dataset.
 SMOKE_SCALE: dict[str, dict] = {
     "resnet18": {
         "epochs": 2,
         "n_train": 200,
         "n_test": 500,
-        "n_seeds": 10,
+        "n_centres": 10,
         "attack_steps": 10,
         "attack_restarts": 2,
     },
@@ -161,18 +162,47 @@ SMOKE_SCALE: dict[str, dict] = {
 #: never mix with the protocol's own nor with another reduced run's
 LABELLED_PROFILES = tuple(PROFILES)
 #: the fields of the adversarial-noise experiment: they change its results, not the training
-ATTACK_FIELDS = ("n_seeds", "attack_steps", "attack_restarts")
+ATTACK_FIELDS = ("n_centres", "attack_steps", "attack_restarts")
 #: the fields only the chapters' figures use (rays walked, the 2-D maps' resolution)
 CHAPTER_FIELDS = ("n_rays", "grid")
 #: the fields that change a trained method (its folder: :attr:`Profile.training_label`)
 TRAINING_FIELDS = tuple(
     f.name for f in fields(Profile) if f.name not in ("name", *ATTACK_FIELDS, *CHAPTER_FIELDS)
 )
+#: earlier names of profile fields, still read (old name: current name): a ``config.json``
+#: written before the rename, and overrides such as ``{"n_seeds": 50}``, mean the current field.
+#: ``n_seeds`` was the uniform-noise points of Table 1, now ``n_centres`` ("seed" is a random
+#: seed alone). :func:`current_fields` is where the old names are mapped.
+RENAMED_FIELDS = {"n_seeds": "n_centres"}
+
+
+def current_fields(profile: dict) -> dict:
+    """``profile`` (a profile's fields, or overrides of some) with every earlier name
+    (:data:`RENAMED_FIELDS`) replaced by the current one, in place of it; a ValueError when both
+    names are given with different values. Every reader of profile fields (overrides, a saved
+    config's ``profile``) goes through this."""
+    if not any(old in profile for old in RENAMED_FIELDS):
+        return dict(profile)
+    out = {}
+    for key, value in profile.items():
+        new = RENAMED_FIELDS.get(key)
+        if new is None:
+            out[key] = value
+            continue
+        if new in profile and profile[new] != value:
+            raise ValueError(
+                f"profile field {new} given twice, also under its old name {key}, with different "
+                f"values ({profile[new]!r} and {value!r})."
+            )
+        out.setdefault(new, value)
+    return out
+
+
 _SHORT = {
     "epochs": "e",
     "n_train": "n",
     "n_components": "k",
-    "n_seeds": "seeds",
+    "n_centres": "centres",
     "attack_steps": "steps",
     "attack_restarts": "restarts",
     "n_test": "test",
@@ -182,7 +212,7 @@ _SHORT = {
 def profile_label(name: str, overrides: dict | None = None) -> str:
     """The name of profile ``name`` with ``overrides``: ``name`` itself when they change nothing,
     else ``name`` followed by each changed field and its value in field order, e.g.
-    ``paper-e30`` or ``paper-e30-seeds50``."""
+    ``paper-e30`` or ``paper-e30-centres50``."""
     base = PROFILES[name]
     parts = [name]
     for f in fields(Profile):

@@ -8,7 +8,7 @@ command line (:mod:`ccu.cli`) and the Snakemake workflow run.
 * :func:`guarantees_one`: certificates around the OOD test sets and the guaranteed AUC
   (:mod:`ccu.guarantees`) of a certifying method (CCU, CCU-<family>).
 * :func:`attack_dataset`: certify CCU's balls around uniform noise and attack every method in
-  them (Table 1 of the paper, :func:`ccu.experiment.adversarial_noise`).
+  them (Table 1 of the paper, :func:`ccu.adversarial_noise.adversarial_noise`).
 * :func:`run_seed`: all of these for one (dataset, seed), as ``ccu run`` does, with
   :class:`TimeBox` (``--stop-after``'s stops) and :class:`RunTimes` (the wall times over calls);
   :func:`run_all` for every dataset and seed, then the tables.
@@ -24,7 +24,14 @@ from pathlib import Path
 
 from ccu.checks import MissingError, UsageError
 from ccu.experiment import log
-from ccu.records import RunSpec, TrainerOptions
+from ccu.records import (
+    MEAN_MAX_CONFIDENCE,
+    TEST_ERROR,
+    Metrics,
+    RunSpec,
+    TrainerOptions,
+    evaluation_record,
+)
 from ccu.reference_results import current_commit  # noqa: F401 - provenance, part of this API
 
 
@@ -71,7 +78,7 @@ def train_one(spec: RunSpec, root=None, data=None) -> dict:
         "loaded": run.loaded,
         "seconds": time.perf_counter() - start,
         "files": run.config.get("files", {}),
-        "test_error": run.metrics["test_error"],
+        TEST_ERROR: Metrics.from_json(run.metrics).test_error,
     }
     store.write_json(run.directory / store.TRAINED, stamp)
     return stamp
@@ -114,18 +121,12 @@ def evaluate_one(spec: RunSpec, root=None) -> dict:
     from ccu import evaluate as ev
     from ccu import results as store
 
-    config, scores, metrics, files = saved_run(spec, root)
-    out = {
-        "dataset": spec.dataset,
-        "method": spec.method,
-        "seed": spec.seed,
-        "profile": spec.profile.name,
-        "test_error": metrics["test_error"],
-        "ood": {},
-    }
-    for name, saved in metrics["ood"].items():
-        if "skipped" in saved:
-            out["ood"][name] = saved
+    config, scores, saved_metrics, files = saved_run(spec, root)
+    metrics = Metrics.from_json(saved_metrics)
+    ood = {}
+    for name, saved in metrics.ood_sets().items():
+        if metrics.skipped(name) is not None:
+            ood[name] = saved
             continue
         if name not in scores:
             raise store.CorruptResultError(
@@ -139,9 +140,8 @@ def evaluate_one(spec: RunSpec, root=None) -> dict:
                     f"{files.path(store.METRICS)}: {name} {key} is {saved[key]}, but the saved "
                     f"scores give {value}; delete {files.directory} to recompute."
                 )
-        out["ood"][name] = dict(again, mean_max_confidence=saved.get("mean_max_confidence"))
-    aurocs = [v["auroc"] for v in out["ood"].values() if "auroc" in v]
-    out["mean_auroc"] = sum(aurocs) / len(aurocs) if aurocs else float("nan")
+        ood[name] = Metrics.ood_entry(again, metrics.value(name, MEAN_MAX_CONFIDENCE))
+    out = evaluation_record(spec, metrics, ood)
     store.write_json(files.directory / store.EVALUATION, out)
     return out
 
@@ -163,7 +163,7 @@ def guarantees_one(spec: RunSpec, root=None, data=None):
 def attack_dataset(spec: RunSpec, methods, root=None, data=None):
     """Certify CCU's balls around noise and attack every method in them (Table 1); ``spec``
     names the dataset, profile, seed, device and trainer options (its method is not used)."""
-    from ccu import experiment
+    from ccu.adversarial_noise import adversarial_noise
     from ccu.methods import ordered
 
     if "CCU" not in methods:
@@ -174,7 +174,7 @@ def attack_dataset(spec: RunSpec, methods, root=None, data=None):
     runs = {}
     for m in ["CCU", *[m for m in ordered(methods) if m != "CCU"]]:
         runs[m] = _run(spec.with_method(m), root, data)
-    return experiment.adversarial_noise(runs, data, spec.profile, spec.seed, root=root)
+    return adversarial_noise(runs, data, spec.profile, spec.seed, root=root)
 
 
 def trained_methods(spec: RunSpec, root=None) -> list[str]:

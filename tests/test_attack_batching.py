@@ -12,7 +12,7 @@ import torch
 from helpers import floored_metric, random_ccu, random_metric
 
 import ccu
-from ccu import attacks, experiment
+from ccu import adversarial_noise, attacks
 from ccu.data import load_dataset
 from ccu.methods import get_method
 from ccu.methods.base import EVAL_BATCH_CPU
@@ -270,9 +270,9 @@ def test_attack_method_passes_the_batch_size_through(digits):
     sizes = []
     score = odin.score
     odin.score = lambda x: sizes.append(len(x)) or score(x)
-    a, won_a = experiment.attack_method(odin, seeds, radii, metric, 5, 3, batch_size=5)
+    a, won_a = adversarial_noise.attack_method(odin, seeds, radii, metric, 5, 3, batch_size=5)
     assert max(sizes) == 5  # the attack and the judging of the surrogate's points
-    b, won_b = experiment.attack_method(odin, seeds, radii, metric, 5, 3)
+    b, won_b = adversarial_noise.attack_method(odin, seeds, radii, metric, 5, 3)
     assert won_a == won_b
     torch.testing.assert_close(a.score, b.score, rtol=0, atol=1e-5)
     torch.testing.assert_close(a.x, b.x, rtol=0, atol=1e-4)

@@ -13,7 +13,8 @@ import torch  # noqa: E402
 from helpers import random_ccu  # noqa: E402
 
 import ccu  # noqa: E402
-from ccu import chapter, experiment, plots, report  # noqa: E402
+from ccu import adversarial_noise as noise  # noqa: E402
+from ccu import chapter, plots, report  # noqa: E402
 from ccu.methods import ordered  # noqa: E402
 
 BASE, CCU = "Base (ReLU network)", "CCU"
@@ -70,13 +71,13 @@ def test_figure2_rows_and_grid_from_the_reference_runs():
 
 
 def test_figure2_rows_of_a_run():
-    prof = ccu.get_profile("smoke", n_seeds=5)
+    prof = ccu.get_profile("smoke", n_centres=5)
 
     class Data:
         spec = type("Spec", (), {"shape": (1, 4, 4)})
 
     radii = np.array([1.0, np.nan, 1.0, 1.0, 1.0])  # seed 1 uncertified: not attacked
-    adv = experiment.AdversarialResult(
+    adv = noise.AdversarialResult(
         {"methods": {"Base": {}, "Maha": {}}},
         np.random.default_rng(0).random((5, 1, 4, 4)),
         radii,
@@ -85,8 +86,8 @@ def test_figure2_rows_of_a_run():
         {"Base": np.log(np.full(4, 0.9)), "Maha": np.full(4, -12.5)},
     )
     rows = chapter.worst_cases_of_run(adv, Data, prof, seed=0, rows=3)
-    assert len(rows) == 3 and rows[0]["seed"].shape == (1, 4, 4)
-    assert np.array_equal(rows[1]["seed"], adv.seeds[2])  # the certified seeds, in order
+    assert len(rows) == 3 and rows[0]["centre"].shape == (1, 4, 4)
+    assert np.array_equal(rows[1]["centre"], adv.centres[2])  # the certified centres, in order
     assert rows[1]["worst"]["Base"][1] == pytest.approx(np.log(0.9))
     assert plots.score_label("Base", np.log(0.9)) == "Base\nconf. 0.900"
     assert plots.score_label("Maha", -12.5) == "Maha\nscore -12.5"

@@ -16,10 +16,10 @@ from ccu.methods import METHOD_ORDER
 
 SUBCOMMANDS = ("datasets", "methods", "train", "evaluate", "attack", "tables", "reference", "run")
 # small enough for seconds on one core, big enough to certify some noise points
-TINY = {"epochs": 2, "n_train": 400, "n_seeds": 8, "attack_steps": 5, "attack_restarts": 1}
+TINY = {"epochs": 2, "n_train": 400, "n_centres": 8, "attack_steps": 5, "attack_restarts": 1}
 PROF = get_profile(
     "smoke", **TINY
-)  # smoke-e2-n400-seeds8-steps5-restarts1; trains in smoke-e2-n400
+)  # smoke-e2-n400-centres8-steps5-restarts1; trains in smoke-e2-n400
 
 
 def test_the_main_help_lists_every_subcommand_and_the_exit_codes(capsys):
@@ -265,7 +265,7 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     }  # fmt: skip
     t1 = json.loads((out_dir / "table1.json").read_text())
     assert t1["skipped_for_time"] == [] and t1["device"] == "cpu" and t1["wall_seconds_total"] > 0
-    assert len(np.loadtxt(out_dir / "radii.csv")) == TINY["n_seeds"]
+    assert len(np.loadtxt(out_dir / "radii.csv")) == TINY["n_centres"]
     # a time budget skips the methods after CCU and says so
     argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--seed", "0"]
     argv += ["--budget-seconds", "1e-9", "--reference-out", str(tmp_path / "ref2"), *common]
@@ -391,7 +391,7 @@ def test_attack_settings_reuse_the_trained_models_and_keep_their_own_results(tmp
     assert [(c.read_bytes(), c.stat().st_mtime_ns) for c in configs] == trained  # reused
     assert table1.read_bytes() == attacked  # the first attack's results are kept
     other = json.loads((store.adversarial_dir(p2, "digits", tmp_path) / "table1.json").read_text())
-    assert other["n_seeds"] == TINY["n_seeds"] and set(other["methods"]) == {"Base", "CCU"}
+    assert other["n_centres"] == TINY["n_centres"] and set(other["methods"]) == {"Base", "CCU"}
     # the tables of the second attack find the trained methods and its own attack
     capsys.readouterr()
     assert cli.main(["tables", *common, "--overrides", json.dumps(second)]) == cli.EXIT_OK
@@ -399,11 +399,11 @@ def test_attack_settings_reuse_the_trained_models_and_keep_their_own_results(tmp
 
 
 def test_an_attack_without_noise_points_is_a_usage_error_before_any_training(tmp_path, capsys):
-    argv = _train(tmp_path, dict(SMALL, n_seeds=0), step="attack")
+    argv = _train(tmp_path, dict(SMALL, n_centres=0), step="attack")
     argv[argv.index("Base") + 1 : argv.index("Base") + 1] = ["CCU"]
     assert cli.main(argv) == cli.EXIT_USAGE
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "n_seeds" in err and "whole number >= 1" in err
+    assert err.count("\n") == 1 and "n_centres" in err and "whole number >= 1" in err
     assert not tmp_path.exists() or not any(tmp_path.iterdir()), "nothing may be trained"
 
 

@@ -9,6 +9,7 @@ import torch
 from helpers import SaturatedClassifier, random_metric
 
 import ccu
+from ccu import adversarial_noise as noise
 from ccu import experiment, report
 from ccu.data import load_dataset
 from ccu.methods import get_method
@@ -109,7 +110,7 @@ def test_a_density_from_the_docs_trains_certifies_and_passes_the_checker(tmp_pat
     metric = ccu.Mahalanobis.fit(data.train_x)
     density = IsotropicGaussian.fit(data.train_x, metric)
     assert check_density(density, centres=data.test_x[:20], max_examples=15).passed
-    prof = ccu.get_profile("smoke", epochs=2, n_seeds=10, attack_steps=5)
+    prof = ccu.get_profile("smoke", epochs=2, n_centres=10, attack_steps=5)
     run = experiment.run_method("digits", "CCU-iso-test", prof, data=data, root=tmp_path)
     model = run.method.model
     assert isinstance(model.density_in, IsotropicGaussian)
@@ -132,14 +133,14 @@ def test_a_density_from_the_docs_trains_certifies_and_passes_the_checker(tmp_pat
 
 def test_ccu_diag_trains_and_every_certifying_method_is_checked(tmp_path):
     data = load_dataset("digits").subset(500)
-    prof = ccu.get_profile("smoke", epochs=3, n_seeds=12, attack_steps=8, attack_restarts=2)
+    prof = ccu.get_profile("smoke", epochs=3, n_centres=12, attack_steps=8, attack_restarts=2)
     runs = {
         m: experiment.run_method("digits", m, prof, data=data, root=tmp_path)
         for m in ("Base", "CCU", "CCU-diag")
     }
     assert isinstance(runs["CCU-diag"].method.model.density_in, ccu.DiagonalGaussianMixture)
     assert runs["CCU-diag"].metrics["test_error"] < 0.5
-    adv = experiment.adversarial_noise(runs, data, prof, root=tmp_path)
+    adv = noise.adversarial_noise(runs, data, prof, root=tmp_path)
     assert adv.summary["balls_from"] == "CCU"
     for m in ("CCU", "CCU-diag"):
         cert = adv.methods[m]["certificate"]
@@ -226,7 +227,7 @@ def ignores_r():
 
 def _tiny():
     data = load_dataset("digits").subset(400)
-    return data, ccu.get_profile("smoke", epochs=2, n_seeds=10, attack_steps=5)
+    return data, ccu.get_profile("smoke", epochs=2, n_centres=10, attack_steps=5)
 
 
 def test_ccu_refuses_to_certify_with_a_family_whose_bound_ignores_r(tmp_path, ignores_r):
@@ -262,9 +263,7 @@ def test_the_own_certificate_attack_starts_at_the_density_peaks(tmp_path, ignore
         setattr(model, name, IgnoresR.from_whitened(
             d.whitened_means.detach(), d.log_variances.detach(), d.log_weights.detach(), d.metric,
         ))  # fmt: skip
-    adv = experiment.adversarial_noise(
-        {"CCU": good, "CCU-ignores-r": bad}, data, prof, root=tmp_path
-    )
+    adv = noise.adversarial_noise({"CCU": good, "CCU-ignores-r": bad}, data, prof, root=tmp_path)
     assert adv.methods["CCU"]["certificate"]["bound_violations"] == 0
     cert = adv.methods["CCU-ignores-r"]["certificate"]
     assert cert["n_own_certified"] > 0
@@ -352,14 +351,14 @@ def test_runs_log_one_line_per_step_and_bars_follow_ccu_progress(tmp_path, capsy
     assert re.search(r"\[ccu\] scored CCU on digits \(smoke[-\w]*, seed 0\): test error ", err)
     assert "score CCU on digits (OOD sets)" in err  # the scoring bar
     monkeypatch.setenv("CCU_PROGRESS", "0")
-    experiment.adversarial_noise(runs, data, prof, root=tmp_path)
+    noise.adversarial_noise(runs, data, prof, root=tmp_path)
     err = capsys.readouterr().err
     assert (
         "[ccu] attacked CCU on digits in " in err and "[ccu] adversarial noise on digits: " in err
     )
     assert "attack digits (" not in err  # no bar when CCU_PROGRESS=0
     monkeypatch.setenv("CCU_PROGRESS", "1")
-    experiment.adversarial_noise(runs, data, prof, root=tmp_path)
+    noise.adversarial_noise(runs, data, prof, root=tmp_path)
     assert "attack digits (" in capsys.readouterr().err
     assert "[ccu] loaded CCU" in (
         experiment.run_method("digits", "CCU", prof, data=data, root=tmp_path)

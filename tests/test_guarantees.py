@@ -15,7 +15,7 @@ from ccu import evaluate as ev
 from ccu import results as store
 from ccu.records import RunSpec
 
-TINY = {"epochs": 1, "n_train": 300, "n_seeds": 4, "attack_steps": 2, "attack_restarts": 1}
+TINY = {"epochs": 1, "n_train": 300, "n_centres": 4, "attack_steps": 2, "attack_restarts": 1}
 
 
 def test_certify_sets_follows_the_definitions():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import ccu
-from ccu import experiment
+from ccu import adversarial_noise, experiment
 from ccu.data import load_dataset
 from ccu.methods import METHODS, get_method
 from ccu.methods.posthoc import MahaMethod, ODINMethod
@@ -177,7 +177,7 @@ def test_attack_uses_the_surrogate_and_judges_by_the_true_score():
     radii = torch.full((6,), 2.0, dtype=torch.float64)
     metric = Mahalanobis.identity(16)
     direct = ccu.ball_attack(m.score, seeds, radii.float(), metric, steps=30, restarts=1)
-    res, won = experiment.attack_method(m, seeds, radii, metric, steps=30, restarts=1)
+    res, won = adversarial_noise.attack_method(m, seeds, radii, metric, steps=30, restarts=1)
     assert won == 6  # the staircase gives the direct attack nothing to climb
     assert bool((res.score > direct.score).all())
     torch.testing.assert_close(res.score, m.score(res.x))  # reported = true score of the point

@@ -171,7 +171,7 @@ def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
     glued = _glued(nb)
     assert glued["adv_ccu_bound_violations"] == "0"
     assert int(glued["adv_n_certified"]) + int(glued["adv_n_uncertified"]) == int(
-        glued["adv_n_seeds"]
+        glued["adv_n_centres"]
     )
     assert float(glued["adv_sr_CCU"]) == 0.0
     table = json.loads(

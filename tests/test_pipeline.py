@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import ccu
+from ccu import adversarial_noise as noise
 from ccu import evaluate as ev
 from ccu import experiment, report
 from ccu.data import load_dataset
@@ -94,10 +95,10 @@ def test_saved_models_load_with_weights_only(digits_runs):
 
 def test_adversarial_noise_table1(digits_runs):
     root, data, runs = digits_runs
-    adv = experiment.adversarial_noise(runs, data, "smoke", root=root)
+    adv = noise.adversarial_noise(runs, data, "smoke", root=root)
     s = adv.summary
     assert s["ccu_bound_violations"] == 0 and s["ccu_points_outside_balls"] == 0
-    assert s["n_certified"] + s["n_uncertified"] == s["n_seeds"] == len(adv.radii)
+    assert s["n_certified"] + s["n_uncertified"] == s["n_centres"] == len(adv.radii)
     assert s["n_certified"] == int(adv.certified.sum()) > 0
     ok = adv.certified
     assert np.isnan(adv.bound[~ok]).all() and np.isfinite(adv.bound[ok]).all()
@@ -110,12 +111,12 @@ def test_adversarial_noise_table1(digits_runs):
         assert x.min() >= 0 and x.max() <= 1
         assert r["max_distance_over_radius"] <= 1.0
     # it returns what it saved
-    again = experiment.AdversarialResult.load(root / "smoke" / "digits" / "seed0" / "adversarial")
+    again = noise.AdversarialResult.load(root / "smoke" / "digits" / "seed0" / "adversarial")
     assert again.summary == adv.summary and np.array_equal(again.radii, adv.radii, equal_nan=True)
     table = report.attack_table(again.summary, "digits")
     assert list(table.columns.get_level_values(0).unique()) == ["Base", "CCU"]
     with pytest.raises(ValueError, match="needs a trained CCU run"):
-        experiment.adversarial_noise({"Base": runs["Base"]}, data, "smoke", root=root)
+        noise.adversarial_noise({"Base": runs["Base"]}, data, "smoke", root=root)
 
 
 def test_report_tables_use_the_paper_numbers():

@@ -11,6 +11,7 @@ import pytest
 import ccu
 from ccu import chapter, report
 from ccu.methods import METHOD_ORDER
+from ccu.records import AttackSummary
 
 REFS = report.reference_runs("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,10 +39,11 @@ def test_reference_runs_are_consistent(dataset):
         assert cfg["dataset"] == dataset and cfg["method"] == name
         assert cfg["ccu_version"] == t1_version(ref) and len(cfg["data_checksum"]) == 64
     assert t1["methods"]["CCU"]["SR"] == 0.0
-    radii = np.loadtxt(ref["directory"] / "radii.csv")  # NaN: an uncertified seed
+    radii = np.loadtxt(ref["directory"] / "radii.csv")  # NaN: an uncertified centre
     certified = ~np.isnan(radii)
-    assert len(radii) == t1["n_seeds"] == t1["n_certified"] + t1["n_uncertified"]
-    assert int(certified.sum()) == t1["n_certified"], "certified seeds counted apart"
+    n_centres = AttackSummary.from_json(t1).n_centres  # committed files say n_seeds, the old name
+    assert len(radii) == n_centres == t1["n_certified"] + t1["n_uncertified"]
+    assert int(certified.sum()) == t1["n_certified"], "certified centres counted apart"
     assert (radii[certified] > 0).all(), "a radius of 0 must not stand for 'uncertified'"
     assert np.median(radii[certified]) == pytest.approx(t1["median_radius"], rel=1e-4)
     table = report.attack_table(t1, dataset)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from ccu import adversarial_noise as noise
 from ccu import experiment, results
 from ccu.data import load_dataset
 
@@ -21,7 +22,7 @@ CHILD = textwrap.dedent(
     import json, os, sys
     import torch
     torch.set_num_threads(1)
-    from ccu import experiment
+    from ccu import adversarial_noise, experiment
     from ccu.data import load_dataset
     from ccu.train import Trainer
 
@@ -39,18 +40,18 @@ CHILD = textwrap.dedent(
         score_sets = experiment.score_sets
         experiment.score_sets = die
     elif kill == "attack":  # the first method's attack is saved, the second one dies
-        attack = experiment.attack_method
+        attack = adversarial_noise.attack_method
         calls = []
         def attack_then_die(*a, **k):
             calls.append(1)
             if len(calls) == 2:
                 die()
             return attack(*a, **k)
-        experiment.attack_method = attack_then_die
+        adversarial_noise.attack_method = attack_then_die
     data = load_dataset("digits").subset(300)
     runs = {m: experiment.run_method("digits", m, "smoke", data=data, root=root)
             for m in ("CCU", "Base")}
-    adv = experiment.adversarial_noise(runs, data, "smoke", root=root)
+    adv = adversarial_noise.adversarial_noise(runs, data, "smoke", root=root)
     print(json.dumps({m: r.loaded for m, r in runs.items()}))
     """
 )
@@ -155,7 +156,7 @@ def test_two_processes_on_one_configuration(tmp_path):
     data = load_dataset("digits").subset(300)
     run = experiment.run_method("digits", "CCU", "smoke", data=data, root=tmp_path)
     assert run.loaded
-    adv = experiment.AdversarialResult.load(tmp_path / "smoke" / "digits" / "seed0" / "adversarial")
+    adv = noise.AdversarialResult.load(tmp_path / "smoke" / "digits" / "seed0" / "adversarial")
     assert adv.summary["ccu_bound_violations"] == 0
 
 

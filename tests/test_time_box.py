@@ -16,8 +16,8 @@ from ccu import deadline as time_box
 from ccu import results as store
 from ccu.deadline import Deadline, StopForTime
 
-TINY = {"epochs": 2, "n_train": 400, "n_seeds": 8, "attack_steps": 5, "attack_restarts": 1}
-PROF = config.get_profile("smoke", **TINY)  # smoke-e2-n400-seeds8-steps5-restarts1
+TINY = {"epochs": 2, "n_train": 400, "n_centres": 8, "attack_steps": 5, "attack_restarts": 1}
+PROF = config.get_profile("smoke", **TINY)  # smoke-e2-n400-centres8-steps5-restarts1
 
 
 class FakeClock:
@@ -212,8 +212,8 @@ def test_a_reduced_paper_profile_is_named_after_its_changes(capsys):
     assert config.get_profile("paper").name == "paper"
     assert config.get_profile("paper", epochs=100).name == "paper"  # no change: the paper's
     assert config.get_profile("paper", epochs=30).name == "paper-e30"
-    p = config.get_profile("paper", n_seeds=50, epochs=30, n_train=None, vgg_methods=["MCD"])
-    assert p.name == "paper-e30-seeds50-vgg_methodsMCD" and p.epochs == 30
+    p = config.get_profile("paper", n_centres=50, epochs=30, n_train=None, vgg_methods=["MCD"])
+    assert p.name == "paper-e30-centres50-vgg_methodsMCD" and p.epochs == 30
     assert config.get_profile("smoke", epochs=3).name == "smoke-e3"  # so is every profile
     assert config.get_profile("smoke", epochs=30).name == "smoke"  # no change: smoke's own
     # the name cannot be set: a reduced run never calls itself "paper"
@@ -231,7 +231,7 @@ def test_a_reduced_paper_run_never_writes_where_paper_runs_do(tmp_path):
     argv += ["--overrides", json.dumps(small), "--results", str(res), "--reference-out", str(ref)]
     assert cli.main([*argv, "--device", "cpu", "--no-progress"]) == cli.EXIT_OK
     trained = config.get_profile("paper", **small).training_label  # the attack fields aside
-    assert trained.startswith("paper-e1-") and "seeds" not in trained and "steps" not in trained
+    assert trained.startswith("paper-e1-") and "centres" not in trained and "steps" not in trained
     assert [p.name for p in ref.iterdir()] == [label]
     assert sorted(p.name for p in res.iterdir()) == sorted([label, trained])
     t1 = json.loads((ref / label / "digits" / "table1.json").read_text())

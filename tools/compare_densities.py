@@ -31,6 +31,7 @@ from ccu import experiment as E
 from ccu import reference_results as reference
 from ccu import report
 from ccu import results as store
+from ccu.adversarial_noise import adversarial_noise
 from ccu.cli import EXIT_CORRUPT, EXIT_MISSING, EXIT_USAGE
 from ccu.config import get_profile
 from ccu.data import DataNotFoundError, load_dataset
@@ -87,7 +88,7 @@ def compare(args, prof) -> Path:
         m: E.run_method(args.dataset, m, prof, args.seed, args.device, data=data, root=root)
         for m in args.methods
     }
-    adv = E.adversarial_noise(runs, data, prof, args.seed, root=root)
+    adv = adversarial_noise(runs, data, prof, args.seed, root=root)
     out = output_dir(args, prof.name)
     out.mkdir(parents=True, exist_ok=True)
     commit = reference.current_commit()

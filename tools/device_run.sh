@@ -90,7 +90,7 @@ case $stage in
                 methods="CCU Base OE Maha ODIN MCD EDL GAN DE ACET ACET2" ;;
   cifar-paper) ds=cifar10-jpeg profile=paper methods="CCU Base OE" kind=timeboxed ;;
   smoke-resume) ds=digits profile=smoke methods="Base CCU" kind=timeboxed
-                overrides=${overrides:-'{"epochs": 2, "n_train": 400, "n_seeds": 8, "attack_steps": 5, "attack_restarts": 1}'} ;;
+                overrides=${overrides:-'{"epochs": 2, "n_train": 400, "n_centres": 8, "attack_steps": 5, "attack_restarts": 1}'} ;;
   *) echo "unknown stage '$stage': choose smoke, mnist, cifar, mnist-paper, fmnist-paper," \
           "cifar-paper or smoke-resume" >&2; exit 2 ;;
 esac

@@ -144,7 +144,7 @@ class Method:
         Methods with a signed-gradient input pre-processing (ODIN, Maha) return their score
         without it: the sign pattern changes from step to step, so the attack's backtracking stalls
         on the true score. The points found are always judged by the true ``score``
-        (see ``ccu.experiment.adversarial_noise``, chapter "Adversarial noise")."""
+        (see ``ccu.adversarial_noise.adversarial_noise``, chapter "Adversarial noise")."""
         return None
 
     def log_probs_and_score(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

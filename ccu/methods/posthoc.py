@@ -12,6 +12,7 @@ import torch
 
 from ccu.evaluate import auroc
 from ccu.methods.base import BaseMethod, register_method
+from ccu.records import AUROC
 from ccu.train import History
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -68,7 +69,7 @@ class _PostHoc(BaseMethod):
         self.calibration = {
             "grid": [(list(c) if isinstance(c, tuple) else c, a) for c, a in table],
             "best": best,
-            "auroc": best_auc,
+            AUROC: best_auc,
         }
         return best
 

@@ -1,0 +1,123 @@
+"""The records' file formats (:mod:`ccu.records`) and the old names they still read: ``n_seeds``,
+the uniform-noise centres of Table 1 before they were called ``n_centres``."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import ccu
+from ccu import experiment
+from ccu import results as store
+from ccu.data import load_dataset
+from ccu.records import AttackSummary, Metrics, RunSpec
+from ccu.reference_results import REFERENCE_RESULTS
+from ccu.settings import RENAMED_FIELDS, current_fields
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _old(profile: dict) -> dict:
+    """A profile's fields as the version before the rename wrote them."""
+    return {("n_seeds" if k == "n_centres" else k): v for k, v in profile.items()}
+
+
+# ----------------------------------------------------------------------------- profiles
+def test_profiles_say_n_centres_and_take_n_seeds_as_its_old_name():
+    new = ccu.get_profile("smoke", n_centres=5)
+    assert new.n_centres == 5 and "n_centres" in new.as_dict() and "n_seeds" not in new.as_dict()
+    assert new.name == "smoke-centres5"
+    assert ccu.get_profile("smoke", n_seeds=5) == new  # an override of before the rename
+    assert ccu.get_profile("smoke", n_seeds=5, n_centres=5) == new
+    with pytest.raises(ValueError, match="n_centres given twice"):
+        ccu.get_profile("smoke", n_seeds=5, n_centres=6)
+    assert RENAMED_FIELDS == {"n_seeds": "n_centres"}
+    assert current_fields({"epochs": 2, "n_seeds": 3}) == {"epochs": 2, "n_centres": 3}
+
+
+def test_an_old_config_names_the_same_run(tmp_path):
+    """A config.json whose profile says n_seeds (checksum and all) reads as n_centres and is the
+    same configuration as the run asked for now."""
+    prof = ccu.get_profile("smoke", epochs=2, n_centres=7)
+    spec = RunSpec("digits", "Base", prof)
+    new = dict(spec.identity(), ccu_version=ccu.__version__, precision="float32")
+    old = dict(new, profile=_old(new["profile"]))
+    assert "n_seeds" in old["profile"] and "n_centres" not in old["profile"]
+    store.write_config(tmp_path / store.CONFIG, old)
+    read = store.read_config(tmp_path / store.CONFIG)
+    assert read["profile"] == json.loads(json.dumps(prof.as_dict()))
+    assert store.same_config(read, new) and store.config_key(old) == store.config_key(new)
+    assert store.same_config(old, spec.identity(), keys=("profile", "seed"))
+    assert ccu.Profile(**read["profile"] | {"vgg_methods": ()}) == prof
+
+
+def test_a_run_saved_by_the_old_version_is_loaded_not_retrained(tmp_path):
+    prof = ccu.get_profile("smoke", epochs=1, n_train=200)
+    data = load_dataset("digits").subset(prof.n_train)
+    first = experiment.run_method("digits", "Base", prof, data=data, root=tmp_path)
+    assert first.config["profile"]["n_centres"] == prof.n_centres
+    path = first.directory / store.CONFIG
+    saved = json.loads(path.read_text())
+    store.write_config(path, dict(saved, profile=_old(saved["profile"])))  # as written before
+    assert '"n_seeds"' in path.read_text()
+    again = experiment.run_method("digits", "Base", prof, data=data, root=tmp_path)
+    assert again.loaded and again.config["profile"]["n_centres"] == prof.n_centres
+
+
+# ----------------------------------------------------------------------------- table1.json
+def test_attack_summaries_of_both_names_round_trip():
+    new = {"n_centres": 4, "n_certified": 3, "median_radius": 1.5, "certified_auc": 0.9}
+    old = _old(new)
+    assert AttackSummary.from_json(new) == AttackSummary.from_json(old)
+    assert AttackSummary.from_json(old).n_centres == 4
+    for obj in (new, old, dict(new, ccu_bound_violations=0, methods={})):
+        back = AttackSummary.from_json(obj).to_json()
+        assert back == obj and list(back) == list(obj)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(REFERENCE_RESULTS.glob("**/table1.json")), ids=lambda p: p.parent.name
+)
+def test_committed_table1_files_still_load_unchanged(path):
+    obj = json.loads(path.read_text())
+    summary = AttackSummary.from_json(obj)
+    assert summary.n_centres == obj["n_seeds"]  # the committed files keep the old name
+    assert json.dumps(summary.to_json(), indent=2) == json.dumps(obj, indent=2)
+
+
+def test_committed_configs_read_with_the_current_profile_fields():
+    for path in sorted(REFERENCE_RESULTS.glob("**/*.config.json")):
+        profile = store.normalised_config(json.loads(path.read_text()))["profile"]
+        assert "n_centres" in profile and "n_seeds" not in profile, path
+
+
+# ----------------------------------------------------------------------------- metrics.json
+@pytest.mark.parametrize(
+    "path",
+    sorted(REFERENCE_RESULTS.glob("**/*.metrics.json")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_committed_metrics_round_trip_byte_for_byte(path):
+    obj = json.loads(path.read_text())
+    metrics = Metrics.from_json(obj)
+    assert metrics.test_error == obj["test_error"] and metrics.n_test == obj["n_test"]
+    assert metrics.n_below_level == obj["n_below_1.1_over_M"]
+    for name, entry in obj["ood"].items():
+        assert metrics.skipped(name) == entry.get("skipped")
+        assert metrics.value(name) == entry.get("auroc")
+    assert json.dumps(metrics.to_json(), indent=2) == json.dumps(obj, indent=2)
+
+
+def test_metrics_written_in_the_order_of_the_file_and_partial_ones_kept_partial():
+    fresh = Metrics(
+        0.1, 10, 0.9, 0.2, 1, {"a": Metrics.ood_entry({"auroc": 0.5}, 0.3)}, {"a": {"n": 4}}
+    )
+    assert list(fresh.to_json()) == [
+        "test_error", "n_test", "mean_max_confidence", "min_confidence", "n_below_1.1_over_M",
+        "ood", "ood_sources",
+    ]  # fmt: skip
+    assert fresh.to_json()["ood"]["a"] == {"auroc": 0.5, "mean_max_confidence": 0.3}
+    none_loaded = Metrics(0.1, 10, 0.9, 0.2, 1, {"b": Metrics.skipped_entry("offline")})
+    assert "ood_sources" not in none_loaded.to_json() and none_loaded.skipped("b") == "offline"
+    partial = {"ood": {"u": {"auroc": 0.9}}}
+    assert Metrics.from_json(partial).to_json() == partial
