@@ -65,6 +65,24 @@ def test_dry_run_of_the_paper_grid_lists_exactly_its_jobs(tmp_path):
     assert (counts["train"], counts["attack"], counts["tables"]) == (165, 15, 5)
 
 
+def test_smoke_grid_names_each_datasets_folder_after_its_own_profile(tmp_path):
+    """``smoke`` is scaled to each dataset's network (ccu.settings.SMOKE_SCALE): the grid asks
+    for digits' runs under ``smoke`` and fmnist's under the scaled profile's name."""
+    from ccu.config import get_profile
+
+    smoke = REPO / "workflow" / "smoke.yaml"
+    rc, out = snakemake(
+        tmp_path, "--dry-run", "--configfile", str(smoke), "--config", "datasets=[digits,fmnist]"
+    )
+    assert rc == 0, out[-3000:]
+    assert job_counts(out)["train"] == 12 and job_counts(out)["tables"] == 2
+    scaled = get_profile("smoke", "fmnist")
+    assert f"results/{scaled.training_label}/fmnist/seed0/CCU/trained.json" in out
+    assert f"results/{scaled.label}/fmnist/seed1/adversarial/table1.json" in out
+    assert "results/smoke/digits/seed0/CCU/trained.json" in out
+    assert "results/smoke/fmnist/" not in out
+
+
 def test_a_wrong_grid_is_refused_before_any_job(tmp_path):
     rc, out = snakemake(tmp_path, "--dry-run", "--config", "methods=[Base,OE]")
     assert rc != 0 and "must include CCU" in out
