@@ -243,16 +243,9 @@ class Trainer:
         with self._accelerated(model) as autocast, trusted_inputs():
             step = _ObjectiveStep(self, model, loader, opt, sched, objective, autocast)
             hist = run_epochs(
-                step,
-                model,
-                loader,
-                self.epochs,
-                self.device,
-                checkpoint,
-                on_epoch_end,
-                self.progress,
-                desc=f"train {data.name}",
-            )
+                step, model, loader, self.epochs, self.device, checkpoint=checkpoint,
+                on_epoch_end=on_epoch_end, progress=self.progress, desc=f"train {data.name}",
+            )  # fmt: skip
         model.eval()
         return hist
 
@@ -352,7 +345,8 @@ def save_training_state(path, epoch, epochs, model, loader, hist, device, **extr
 
 def resume_training_state(path, epochs, model, loader, device) -> tuple[dict, int, History]:
     """Load a :func:`save_training_state` checkpoint into ``model`` and ``loader`` and restore
-    the RNG states; returns ``(state, epochs done, history)`` (the caller restores ``extra``)."""
+    the RNG states; returns ``(state, epochs done, history)`` (``extra`` is the caller's to
+    restore: :meth:`EpochStep.load_state_dict`)."""
     state = load_checkpoint(Path(path), device, epochs)
     model.load_state_dict(state["model"])
     loader.load_state_dict(state["loader"])

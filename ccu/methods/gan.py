@@ -109,8 +109,8 @@ class GANMethod(BaseMethod):
         check_training_data(data)
         step = GANStep(m, loader, self.settings, self.seed, self.latent, self.beta, self.device)
         hist = run_epochs(
-            step, m, loader, self.profile.epochs, self.device, checkpoint, on_epoch_end,
-            self.progress, desc="train GAN",
+            step, m, loader, self.profile.epochs, self.device, checkpoint=checkpoint,
+            on_epoch_end=on_epoch_end, progress=self.progress, desc="train GAN",
         )  # fmt: skip
         m.eval()
         return hist
