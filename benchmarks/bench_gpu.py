@@ -51,6 +51,7 @@ from ccu.data import Dataset, get_spec
 from ccu.data.augment import Augmentation
 from ccu.data.batches import PairedLoader, epoch_indices
 from ccu.model import CCU
+from ccu.train import make_optimizer
 
 NETWORKS = {  # network: (dataset record for shape/augmentation/settings, in-set size)
     "lenet": ("mnist", 60_000),
@@ -143,7 +144,7 @@ def _old_constraint(model: CCU) -> None:
 def old_epoch(model, data, settings, device, gen) -> None:
     """One epoch as ``ccu.Trainer`` ran it up to 0.3.0 (per-step read-backs included)."""
     is_ccu = isinstance(model, CCU)
-    opt = ccu.Trainer(1, settings)._optimizer(model)
+    opt = make_optimizer(model, settings)
     gaps, tot = [], 0.0
     for x, y, z in _old_batches(data, settings.batch_size, is_ccu, gen, device):
         if is_ccu:

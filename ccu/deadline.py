@@ -4,23 +4,23 @@ A lent GPU gives a command ten minutes; ``ccu run --stop-after SECONDS`` makes a
 a :class:`Deadline`, and the work stops with :class:`StopForTime` at the next safe point that
 would otherwise end past it:
 
-* between methods, and before the attack: when the deadline has passed (the CLI checks, once
-  the call has done some work: every call makes progress, however short its time);
+* between methods, and before the attack: when the deadline has passed (``ccu run`` checks
+  with :meth:`Deadline.stop_if_passed`, once the call has done some work: every call makes
+  progress, however short its time; :class:`ccu.steps.TimeBox`);
 * after an epoch whose checkpoint is saved: when another epoch as long as the last one would end
-  after the deadline. The trainer calls :func:`check` there (a no-op when no deadline is set)::
+  after the deadline. :meth:`Deadline.check` is the training's epoch callback there
+  (``on_epoch_end`` of :func:`ccu.train.run_epochs`, passed down by ``ccu run``)::
 
-      deadline.check(epoch + 1, self.epochs)
+      Trainer(...).fit(model, data, checkpoint=path, on_epoch_end=deadline.check)
 
 Everything finished is on disk (per-method results, the epoch's checkpoint), so the same command
-run again resumes where this one stopped. This module imports nothing of ``ccu``: the trainer
-can import it.
+run again resumes where this one stopped. This module imports nothing of ``ccu``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 #: the clock of every :class:`Deadline` that is given none (tests replace it)
 clock: Callable[[], float] = time.monotonic
@@ -75,7 +75,8 @@ class Deadline:
         self._mark = self.now()
 
     def check(self, done: int | None = None, total: int | None = None) -> None:
-        """After a unit of work whose state is saved (``done`` of ``total``, e.g. epochs):
+        """After a unit of work whose state is saved (``done`` of ``total``, e.g. epochs; the
+        signature of the training's ``on_epoch_end`` callback):
         raise :class:`StopForTime` when another unit as long as this one would end after the
         deadline. Nothing is raised after the last unit (``done >= total``): that work is
         finished, and stopping would only postpone saving it."""
@@ -86,31 +87,3 @@ class Deadline:
         if now + step > self.end:
             where = f"after {done} of {total}" if done is not None else "after a saved step"
             raise StopForTime(f"{where}; the next would end past the deadline", self)
-
-
-_ACTIVE: list[Deadline] = []
-
-
-@contextlib.contextmanager
-def active(deadline: Deadline | None) -> Iterator[Deadline | None]:
-    """Make ``deadline`` the one :func:`check` consults while the block runs (None: none)."""
-    if deadline is None:
-        yield None
-        return
-    _ACTIVE.append(deadline)
-    try:
-        yield deadline
-    finally:
-        _ACTIVE.remove(deadline)
-
-
-def current() -> Deadline | None:
-    """The active deadline, or None."""
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
-def check(done: int | None = None, total: int | None = None) -> None:
-    """:meth:`Deadline.check` of the active deadline; nothing when none is active (chapters,
-    tests, ``ccu train``). The trainer calls it after each epoch's checkpoint is saved."""
-    if _ACTIVE:
-        _ACTIVE[-1].check(done, total)

@@ -76,6 +76,7 @@ def run_method(
     channels_last: bool = False,
     compile: bool = False,
     options: TrainerOptions | None = None,
+    on_epoch_end=None,
 ) -> RunResult:
     """Train ``method`` on ``dataset`` (or load the saved run) and score the test and OOD sets.
 
@@ -88,6 +89,9 @@ def run_method(
     classifier under bfloat16 autocast while training; part of the config), ``channels_last``
     and ``compile``, are :class:`ccu.Trainer`'s speed options. The config written (and compared
     with :func:`ccu.results.same_config`) is :meth:`ccu.records.RunSpec.config`.
+    ``on_epoch_end(epochs done, epochs)`` is called after each training epoch, once its
+    checkpoint is saved (:func:`ccu.train.run_epochs`; ``ccu run --stop-after`` passes its
+    deadline's check, which may stop the training there: the same call again resumes).
     The run holds the lock of its directory: a second process asking for the same run waits and
     then loads it. A corrupt result file raises :class:`ccu.results.CorruptResultError`.
     """
@@ -125,12 +129,12 @@ def run_method(
         if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
             base = run_method(
                 dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed,
-                options=options,
+                options=options, on_epoch_end=on_epoch_end,
             )  # fmt: skip
             m.build_from_base(base.method, data)
         else:
             m.build(data)
-        history = m.fit(data, checkpoint=files.checkpoint)
+        history = m.fit(data, checkpoint=files.checkpoint, on_epoch_end=on_epoch_end)
         config["train_seconds"] = time.perf_counter() - start
         config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
         what = f"{method} on {dataset} ({prof.name}, seed {seed})"

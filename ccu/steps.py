@@ -52,22 +52,23 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
 
 
-def _run(spec: RunSpec, root=None, data=None):
+def _run(spec: RunSpec, root=None, data=None, on_epoch_end=None):
     from ccu import experiment
 
     return experiment.run_method(
         spec.dataset, spec.method, spec.profile, spec.seed, spec.device, data=data, root=root,
-        options=spec.options,
+        options=spec.options, on_epoch_end=on_epoch_end,
     )  # fmt: skip
 
 
-def train_one(spec: RunSpec, root=None, data=None) -> dict:
+def train_one(spec: RunSpec, root=None, data=None, on_epoch_end=None) -> dict:
     """Train (or load) one method; writes ``trained.json`` (the workflow's marker) and returns
-    it."""
+    it. ``on_epoch_end(epochs done, epochs)``: called after each saved epoch
+    (:func:`ccu.train.run_epochs`; ``ccu run --stop-after``: :attr:`TimeBox.on_epoch_end`)."""
     from ccu import results as store
 
     start = time.perf_counter()
-    run = _run(spec, root, data)
+    run = _run(spec, root, data, on_epoch_end)
     stamp = {
         "dataset": spec.dataset,
         "method": spec.method,
@@ -193,12 +194,19 @@ def trained_methods(spec: RunSpec, root=None) -> list[str]:
 
 
 class TimeBox:
-    """``--stop-after``'s stops between methods and phases: once the deadline has passed, and
-    only after this call trained something (so that every call makes progress)."""
+    """``--stop-after``'s stops: between methods and phases (:meth:`stop_before`) once the
+    deadline has passed, and only after this call trained something (so that every call makes
+    progress); after a saved epoch, :attr:`on_epoch_end`, the callback the training gets."""
 
     def __init__(self, deadline):
         self.deadline = deadline
         self.worked = False
+
+    @property
+    def on_epoch_end(self):
+        """:meth:`ccu.deadline.Deadline.check` for the trainer's ``on_epoch_end`` (stop after
+        an epoch when another as long would end past the deadline); None without a deadline."""
+        return None if self.deadline is None else self.deadline.check
 
     def stop_before(self, what: str) -> None:
         if self.deadline is None:
@@ -293,7 +301,7 @@ def run_seed(
             began = time.perf_counter()
             one = spec.with_method(m)
             try:
-                stamp = train_one(one, root, data=data)
+                stamp = train_one(one, root, data=data, on_epoch_end=box.on_epoch_end)
             except BaseException:  # stopped for time or interrupted: the attempt's time counts
                 times.method(m, time.perf_counter() - began, finished=False)
                 box.worked = True
@@ -360,19 +368,17 @@ def run_all(
     check_time_flags(stop_after, budget_seconds)
     methods = methods or list(METHOD_ORDER)
     order = ["CCU", *[m for m in methods if m != "CCU"]]
-    deadline = time_box.Deadline(stop_after) if stop_after is not None else None
-    box = TimeBox(deadline)
-    with time_box.active(deadline):
-        for spec in specs:
-            dataset = spec.dataset
-            for seed in seeds:
-                box.stop_before(f"{dataset} seed {seed}")
-                one = replace(spec, seed=seed)
-                run_seed(one, order, box, root, budget_seconds, reference_out, progress)
-            written, _ = aggregate.write_tables(spec.profile, dataset, root, seeds)
-            md = next(p for p in written if p.suffix == ".md")
-            print(md.read_text())
-            log(f"tables of {dataset} written to {md.parent}")
+    box = TimeBox(time_box.Deadline(stop_after) if stop_after is not None else None)
+    for spec in specs:
+        dataset = spec.dataset
+        for seed in seeds:
+            box.stop_before(f"{dataset} seed {seed}")
+            one = replace(spec, seed=seed)
+            run_seed(one, order, box, root, budget_seconds, reference_out, progress)
+        written, _ = aggregate.write_tables(spec.profile, dataset, root, seeds)
+        md = next(p for p in written if p.suffix == ".md")
+        print(md.read_text())
+        log(f"tables of {dataset} written to {md.parent}")
 
 
 __all__ = [

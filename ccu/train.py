@@ -14,20 +14,28 @@ accumulate on the device and are read once per epoch, so a GPU never waits for t
 an epoch. Optional: ``precision="bf16"`` (autocast for the classifier only: the densities, the
 log-space mixing of eq. (6) and every certificate stay in float32/float64),
 ``channels_last`` and ``compile`` (``torch.compile`` of the classifier).
+
+Every training shares one epoch loop, :func:`run_epochs`: it resumes from a checkpoint, runs an
+:class:`EpochStep` (the work of one epoch) for each epoch left, keeps the :class:`History`,
+saves the checkpoint and then calls ``on_epoch_end(epochs done, epochs)``. The trainer's step
+is one model and one optimiser with an :class:`Objective`; GAN (:mod:`ccu.methods.gan`) plugs
+in its own three networks. ``ccu run --stop-after`` passes its deadline's check
+(:meth:`ccu.deadline.Deadline.check`) as ``on_epoch_end``.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.std import tqdm
 
-from ccu import deadline
 from ccu.data import Dataset
 from ccu.data.batches import PairedLoader
 from ccu.losses import ccu_loss
@@ -38,6 +46,9 @@ from ccu.validation import check_finite, check_labels, trusted_inputs
 
 #: what ``Trainer(precision=...)`` accepts, and the autocast dtype of each
 PRECISIONS = {"float32": None, "bf16": torch.bfloat16}
+
+#: ``on_epoch_end(epochs done, epochs)``: called after each epoch, once its checkpoint is saved
+EpochCallback = Callable[[int, int], None]
 
 
 @dataclass
@@ -76,6 +87,93 @@ cross_entropy_objective = _CrossEntropy()
 ccu_objective = _CCUObjective()
 
 
+class EpochResult(NamedTuple):
+    """One epoch's sums, read from the device once: the loss summed over the in-samples, the
+    correct predictions, the number of in-samples, and the per-step constraint gaps (CCU)."""
+
+    loss_sum: float
+    correct: float
+    n: int
+    constraint_gaps: list[float]
+
+
+class EpochStep:
+    """The work of one epoch, which :func:`run_epochs` repeats.
+
+    :meth:`run` trains one pass over the data; :meth:`state_dict` is what a checkpoint keeps
+    besides the model, the data order, the global RNG states and the history (the optimisers'
+    states, a generator of the step's own), and :meth:`load_state_dict` restores it from a
+    checkpoint saved after ``state["epoch"]`` epochs. :class:`Trainer` plugs in one model and
+    one optimiser with an :class:`Objective`; GAN its three networks and optimisers."""
+
+    def run(self, epoch: int) -> EpochResult:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def run_epochs(
+    step: EpochStep,
+    model: nn.Module,
+    loader: PairedLoader,
+    epochs: int,
+    device: torch.device,
+    checkpoint: str | Path | None = None,
+    on_epoch_end: EpochCallback | None = None,
+    progress: bool = True,
+    desc: str = "train",
+) -> History:
+    """The epoch loop of every training (Base, CCU and the methods on :class:`Trainer`; GAN):
+    ``step`` for each of the ``epochs`` epochs, the per-epoch means into a :class:`History`.
+
+    With ``checkpoint``, the model, the loader's data order, the RNG states, the history and
+    ``step.state_dict()`` are saved after every epoch (:func:`save_training_state`), and a run
+    finding that file resumes after its last epoch: a killed run ends with the same weights as
+    an uninterrupted one (on the CPU). ``on_epoch_end(epochs done, epochs)`` is called after
+    every epoch, once its checkpoint is saved; it may stop the training by raising (``ccu run
+    --stop-after`` passes :meth:`ccu.deadline.Deadline.check`), and the same call again resumes
+    from that checkpoint."""
+    hist, start = History(), 0
+    if checkpoint is not None and Path(checkpoint).exists():
+        state, start, hist = resume_training_state(checkpoint, epochs, model, loader, device)
+        step.load_state_dict(state)
+    bar = tqdm(range(start, epochs), disable=not progress, desc=desc, initial=start, total=epochs)
+    for epoch in bar:
+        result = step.run(epoch)
+        hist.loss.append(result.loss_sum / result.n)
+        hist.accuracy.append(result.correct / result.n)
+        hist.constraint_gap.extend(result.constraint_gaps)
+        bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
+        if checkpoint is not None:
+            extra = step.state_dict()
+            save_training_state(checkpoint, epoch + 1, epochs, model, loader, hist, device, **extra)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch + 1, epochs)
+    return hist
+
+
+def make_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
+    """The optimiser of ``settings`` (Adam or SGD with momentum 0.9) for ``model``: weight decay
+    on the classifier, and a CCU's densities in the parameter groups they declare (their own
+    learning rate, no weight decay). Chapter *Training Base and CCU*."""
+    density_groups, density_ids = [], set()
+    if isinstance(model, CCU):  # each density declares its own groups (lr, weight decay)
+        for d in (model.density_in, model.density_out):
+            density_groups += d.parameter_groups(settings)
+            density_ids |= {id(p) for p in d.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in density_ids and p.requires_grad]
+    groups = [{"params": rest, "weight_decay": settings.weight_decay}, *density_groups]
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=settings.lr)
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=settings.lr, momentum=0.9)
+    raise ValueError(f"unknown optimizer {settings.optimizer!r}; choose 'adam' or 'sgd'.")
+
+
 class Trainer:
     """Fits a ``ccu.CCU`` (eq. (6)) or any classifier returning logits (cross-entropy).
 
@@ -105,37 +203,25 @@ class Trainer:
         self.channels_last = channels_last
         self.compile = compile
 
-    def _optimizer(self, model: nn.Module):
-        s = self.settings
-        density_groups, density_ids = [], set()
-        if isinstance(model, CCU):  # each density declares its own groups (lr, weight decay)
-            for d in (model.density_in, model.density_out):
-                density_groups += d.parameter_groups(s)
-                density_ids |= {id(p) for p in d.parameters()}
-        rest = [p for p in model.parameters() if id(p) not in density_ids and p.requires_grad]
-        groups = [{"params": rest, "weight_decay": s.weight_decay}, *density_groups]
-        if s.optimizer == "adam":
-            return torch.optim.Adam(groups, lr=s.lr)
-        if s.optimizer == "sgd":
-            return torch.optim.SGD(groups, lr=s.lr, momentum=0.9)
-        raise ValueError(f"unknown optimizer {s.optimizer!r}; choose 'adam' or 'sgd'.")
-
     def fit(
         self,
         model: nn.Module,
         data: Dataset,
         checkpoint: str | Path | None = None,
         objective: Objective | None = None,
+        on_epoch_end: EpochCallback | None = None,
     ) -> History:
-        """Train ``model`` on ``data``. With ``checkpoint``, the model, optimiser, data-order and
-        RNG states are saved after every epoch, and a run finding that file resumes from it:
-        a killed run ends with the same weights as an uninterrupted one (on the CPU).
+        """Train ``model`` on ``data`` with :func:`run_epochs`. With ``checkpoint``, the model,
+        optimiser, data-order and RNG states are saved after every epoch, and a run finding
+        that file resumes from it: a killed run ends with the same weights as an uninterrupted
+        one (on the CPU). ``on_epoch_end(epochs done, epochs)`` is called after each epoch,
+        once its checkpoint is saved (``ccu run --stop-after``: the deadline's check).
 
         ``objective`` (default: eq. (6) for a CCU model, cross-entropy otherwise) maps
         ``(model, x_in, y_in, x_out, epoch)`` to ``(loss, logits of x_in)``; its attribute
         ``uses_out`` says whether it needs out-batches."""
         model.to(self.device).train()
-        opt = self._optimizer(model)
+        opt = make_optimizer(model, self.settings)
         milestones = sorted({max(1, round(m * self.epochs)) for m in self.settings.milestones})
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=0.1)
         is_ccu = isinstance(model, CCU)
@@ -154,33 +240,17 @@ class Trainer:
         torch.manual_seed(self.seed)
         if is_ccu:
             model.after_step()
-        hist, start = History(), 0
-        if checkpoint is not None and Path(checkpoint).exists():
-            start, hist = self._resume(Path(checkpoint), model, opt, sched, loader)
-        bar = tqdm(
-            range(start, self.epochs),
-            disable=not self.progress,
-            desc=f"train {data.name}",
-            initial=start,
-            total=self.epochs,
-        )
         with self._accelerated(model) as autocast, trusted_inputs():
-            for epoch in bar:
-                totals, gaps = self._epoch(model, loader, opt, objective, epoch, autocast)
-                sched.step()
-                hist.loss.append(totals[0] / totals[2])
-                hist.accuracy.append(totals[1] / totals[2])
-                hist.constraint_gap.extend(gaps)
-                bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
-                if checkpoint is not None:
-                    self._save(Path(checkpoint), epoch + 1, model, opt, loader, hist)
-                    deadline.check(epoch + 1, self.epochs)  # `ccu run --stop-after`: stop here
+            step = _ObjectiveStep(self, model, loader, opt, sched, objective, autocast)
+            hist = run_epochs(
+                step, model, loader, self.epochs, self.device, checkpoint=checkpoint,
+                on_epoch_end=on_epoch_end, progress=self.progress, desc=f"train {data.name}",
+            )  # fmt: skip
         model.eval()
         return hist
 
-    def _epoch(self, model, loader, opt, objective, epoch, autocast):
-        """One pass over the loader; returns ``([loss sum, correct, n], constraint gaps)``, read
-        from the device once."""
+    def _epoch(self, model, loader, opt, objective, epoch, autocast) -> EpochResult:
+        """One pass over the loader, its sums read from the device once."""
         is_ccu = isinstance(model, CCU)
         track_gap = is_ccu and model.has_scale_constraint
         acc_dtype = torch.float32 if self.device.type == "mps" else torch.float64
@@ -201,7 +271,7 @@ class Trainer:
                 sums += torch.stack([loss.detach().to(acc_dtype) * len(x), correct.to(acc_dtype)])
             n += len(x)  # known on the host
         loss_sum, correct = sums.tolist()  # the epoch's one read from the device
-        return [loss_sum, correct, n], (torch.stack(gaps).tolist() if gaps else [])
+        return EpochResult(loss_sum, correct, n, torch.stack(gaps).tolist() if gaps else [])
 
     @contextlib.contextmanager
     def _accelerated(self, model):
@@ -231,17 +301,30 @@ class Trainer:
             if self.compile:  # nn.Module.compile has no public undo; this is its one field
                 classifier._compiled_call_impl = None
 
-    def _save(self, path: Path, epoch, model, opt, loader, hist) -> None:
-        save_training_state(
-            path, epoch, self.epochs, model, loader, hist, self.device, optimizer=opt.state_dict()
-        )
 
-    def _resume(self, path: Path, model, opt, sched, loader):
-        state, epoch, hist = resume_training_state(path, self.epochs, model, loader, self.device)
-        opt.load_state_dict(state["optimizer"])
-        for _ in range(epoch):
-            sched.last_epoch += 1  # the learning rates themselves come with the optimiser state
-        return epoch, hist
+class _ObjectiveStep(EpochStep):
+    """:class:`Trainer`'s epoch: one model, one optimiser and its learning-rate milestones, an
+    :class:`Objective`; a checkpoint keeps the optimiser's state under ``"optimizer"``."""
+
+    def __init__(self, trainer, model, loader, opt, sched, objective, autocast):
+        self.trainer, self.model, self.loader = trainer, model, loader
+        self.opt, self.sched = opt, sched
+        self.objective, self.autocast = objective, autocast
+
+    def run(self, epoch: int) -> EpochResult:
+        result = self.trainer._epoch(
+            self.model, self.loader, self.opt, self.objective, epoch, self.autocast
+        )
+        self.sched.step()
+        return result
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        for _ in range(state["epoch"]):
+            self.sched.last_epoch += 1  # the learning rates themselves come with the optimiser
 
 
 def save_training_state(path, epoch, epochs, model, loader, hist, device, **extra) -> None:
@@ -262,7 +345,8 @@ def save_training_state(path, epoch, epochs, model, loader, hist, device, **extr
 
 def resume_training_state(path, epochs, model, loader, device) -> tuple[dict, int, History]:
     """Load a :func:`save_training_state` checkpoint into ``model`` and ``loader`` and restore
-    the RNG states; returns ``(state, epochs done, history)`` (the caller restores ``extra``)."""
+    the RNG states; returns ``(state, epochs done, history)`` (``extra`` is the caller's to
+    restore: :meth:`EpochStep.load_state_dict`)."""
     state = load_checkpoint(Path(path), device, epochs)
     model.load_state_dict(state["model"])
     loader.load_state_dict(state["loader"])

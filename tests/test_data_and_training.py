@@ -87,20 +87,16 @@ def test_checkpoint_resume_gives_the_same_weights(tmp_path, augment):
     ccu.Trainer(4, settings, progress=False).fit(part, data, checkpoint=ckpt)
     # a run killed right after its epoch-2 checkpoint
     ckpt.unlink()
-    save = ccu.Trainer._save
 
-    def save_then_die(self, path, epoch, *args):
-        save(self, path, epoch, *args)
-        if epoch == 2:
+    def die_after_epoch_2(done, epochs):
+        if done == 2:
             raise KeyboardInterrupt
 
     killed = fresh()
-    ccu.Trainer._save = save_then_die
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ccu.Trainer(4, settings, progress=False).fit(killed, data, checkpoint=ckpt)
-    finally:
-        ccu.Trainer._save = save
+    with pytest.raises(KeyboardInterrupt):
+        ccu.Trainer(4, settings, progress=False).fit(
+            killed, data, checkpoint=ckpt, on_epoch_end=die_after_epoch_2
+        )
     assert torch.load(ckpt, weights_only=True)["epoch"] == 2
     resumed = fresh()
     hist = ccu.Trainer(4, settings, progress=False).fit(resumed, data, checkpoint=ckpt)
@@ -109,6 +105,35 @@ def test_checkpoint_resume_gives_the_same_weights(tmp_path, augment):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for a, b in zip(full.state_dict().values(), part.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("with_checkpoint", [True, False])
+def test_on_epoch_end_is_called_once_per_epoch_after_its_checkpoint(tmp_path, with_checkpoint):
+    """``Trainer.fit(on_epoch_end=...)`` gets ``(epochs done, epochs)`` after every epoch, when
+    that epoch's checkpoint is on disk (`ccu run --stop-after` stops there); also without a
+    checkpoint, and from where a resumed run starts."""
+    data = load_dataset("digits").subset(200)
+    ckpt = tmp_path / "checkpoint.pt" if with_checkpoint else None
+    calls = []
+
+    def on_epoch_end(done, epochs):
+        saved = torch.load(ckpt, weights_only=True)["epoch"] if with_checkpoint else None
+        calls.append((done, epochs, saved))
+
+    def fit(epochs):
+        torch.manual_seed(0)
+        clf = ccu.make_classifier("mlp", data.spec.shape, 10, hidden=8)
+        trainer = ccu.Trainer(epochs, progress=False)
+        return trainer.fit(clf, data, checkpoint=ckpt, on_epoch_end=on_epoch_end)
+
+    hist = fit(3)
+    saved = [1, 2, 3] if with_checkpoint else [None] * 3
+    assert calls == [(k, 3, s) for k, s in zip([1, 2, 3], saved, strict=True)]
+    assert len(hist.loss) == 3
+    if with_checkpoint:  # a finished run found again: no epoch left, no call
+        calls.clear()
+        fit(3)
+        assert calls == []
 
 
 def test_bad_checkpoints(tmp_path):

@@ -14,6 +14,7 @@ from ccu import experiment, report
 from ccu.data import load_dataset
 from ccu.methods import get_method
 from ccu.testing import DensityCheckError, check_density
+from ccu.train import make_optimizer
 
 
 @ccu.register_density("iso-test")
@@ -125,7 +126,7 @@ def test_a_density_from_the_docs_trains_certifies_and_passes_the_checker(tmp_pat
     assert again.loaded
     torch.testing.assert_close(again.method.score(noise), run.method.score(noise))
     # its own learning rate reaches the optimiser
-    opt = ccu.Trainer(1, ccu.train_settings("digits"))._optimizer(model)
+    opt = make_optimizer(model, ccu.train_settings("digits"))
     lrs = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     assert lrs[id(model.density_in.mean)] == 1e-3
     assert lrs[id(next(model.classifier.parameters()))] == ccu.train_settings("digits").lr

@@ -258,15 +258,16 @@ def test_run_method_records_the_precision_and_does_not_mix_them(tmp_path):
         "precision": "float32",
         "channels_last": False,
         "compile": False,
-    }  # GAN has its own loop
+    }  # GAN has its own epoch step
     with pytest.raises(ValueError, match="unknown precision 'half'"):
         get_method("Base")(spec, settings, prof, precision="half")
 
 
-def test_gan_resumes_exactly_from_its_epoch_checkpoint(tmp_path):
-    """GAN's own loop checkpoints every epoch too: killed after epoch 1 and run again, it ends
-    with the weights of an uninterrupted run (and `ccu run --stop-after` can stop it there)."""
-    import ccu.train as train_module
+@pytest.mark.parametrize("killed_after", [1, 2])
+def test_gan_resumes_exactly_from_its_epoch_checkpoint(tmp_path, killed_after):
+    """GAN shares the trainer's epoch loop (ccu.train.run_epochs): it checkpoints every epoch,
+    calls ``on_epoch_end`` after the checkpoint, and killed there (what `ccu run --stop-after`
+    does) and run again, it ends with the weights of an uninterrupted run."""
     from ccu.methods import get_method
 
     data = _digits(200)
@@ -281,22 +282,24 @@ def test_gan_resumes_exactly_from_its_epoch_checkpoint(tmp_path):
     full = fresh()
     full.fit(data)
     ckpt = tmp_path / "checkpoint.pt"
-    write = train_module.write_torch
+    calls = []
 
-    def write_then_die(path, state):
-        write(path, state)
-        raise KeyboardInterrupt
+    def die_after_epoch(done, epochs):
+        calls.append((done, epochs, torch.load(ckpt, weights_only=True)["epoch"]))
+        if done == killed_after:
+            raise KeyboardInterrupt
 
-    train_module.write_torch = write_then_die
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            fresh().fit(data, checkpoint=ckpt)
-    finally:
-        train_module.write_torch = write
-    assert torch.load(ckpt, weights_only=True)["epoch"] == 1
+    with pytest.raises(KeyboardInterrupt):
+        fresh().fit(data, checkpoint=ckpt, on_epoch_end=die_after_epoch)
+    assert calls == [(k, 3, k) for k in range(1, killed_after + 1)]  # after each checkpoint
+    state = torch.load(ckpt, weights_only=True)
+    assert state["epoch"] == killed_after
+    assert set(state["optimizers"]) == {"classifier", "generator", "discriminator"}
+    assert "noise" in state
     resumed = fresh()
-    hist = resumed.fit(data, checkpoint=ckpt)
-    assert len(hist.loss) == 3
+    calls.clear()
+    hist = resumed.fit(data, checkpoint=ckpt, on_epoch_end=die_after_epoch)
+    assert len(hist.loss) == 3 and [c[0] for c in calls] == list(range(killed_after + 1, 4))
     for a, b in zip(
         full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True
     ):

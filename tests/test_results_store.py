@@ -24,18 +24,15 @@ CHILD = textwrap.dedent(
     torch.set_num_threads(1)
     from ccu import adversarial_noise, experiment
     from ccu.data import load_dataset
-    from ccu.train import Trainer
 
     root, kill = sys.argv[1], sys.argv[2]
     def die(*a, **k):
         os._exit(9)
+    on_epoch_end = None
     if kill == "training":  # after the first epoch's checkpoint of the first method
-        save = Trainer._save
-        def save_then_die(self, path, epoch, *a):
-            save(self, path, epoch, *a)
-            if epoch == 1:
+        def on_epoch_end(done, epochs):
+            if done == 1:
                 die()
-        Trainer._save = save_then_die
     elif kill == "scoring":  # the first method has trained; scoring dies half-way
         score_sets = experiment.score_sets
         experiment.score_sets = die
@@ -49,7 +46,8 @@ CHILD = textwrap.dedent(
             return attack(*a, **k)
         adversarial_noise.attack_method = attack_then_die
     data = load_dataset("digits").subset(300)
-    runs = {m: experiment.run_method("digits", m, "smoke", data=data, root=root)
+    runs = {m: experiment.run_method("digits", m, "smoke", data=data, root=root,
+                                     on_epoch_end=on_epoch_end)
             for m in ("CCU", "Base")}
     adv = adversarial_noise.adversarial_noise(runs, data, "smoke", root=root)
     print(json.dumps({m: r.loaded for m, r in runs.items()}))

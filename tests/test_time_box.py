@@ -1,7 +1,6 @@
 """Runs that fit a lent GPU's calls: ``ccu run --stop-after`` stops at a safe point and the same
 command resumes to the same files; reduced paper profiles are named apart; tools/device_run.sh."""
 
-import inspect
 import json
 import os
 import shutil
@@ -66,20 +65,16 @@ def test_a_deadline_times_units_from_the_last_check_or_lap():
         Deadline(0)
 
 
-def test_check_is_a_no_op_without_an_active_deadline(monkeypatch):
+def test_the_time_box_gives_the_training_the_deadline_check_as_its_epoch_callback(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(time_box, "clock", clock)
-    time_box.check(1, 3)  # nothing active: chapters, tests, `ccu train`
-    assert time_box.current() is None
+    assert steps.TimeBox(None).on_epoch_end is None  # no deadline: `ccu train`, chapters, tests
     d = Deadline(5)  # the module's clock
-    with time_box.active(d):
-        assert time_box.current() is d
-        clock.t = 10
-        with pytest.raises(StopForTime):
-            time_box.check(1, 3)
-    assert time_box.current() is None
-    with time_box.active(None):
-        time_box.check(1, 3)
+    box = steps.TimeBox(d)
+    assert box.on_epoch_end == d.check
+    clock.t = 10
+    with pytest.raises(StopForTime, match="after 1 of 3"):
+        box.on_epoch_end(1, 3)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -102,7 +97,7 @@ def test_stop_after_and_budget_seconds_do_not_mix(tmp_path, capsys):
 
 
 def test_a_stop_inside_training_is_caught_and_its_time_kept(tmp_path, monkeypatch, capsys):
-    """What the trainer's ``deadline.check`` raises after a saved epoch reaches the CLI: exit 75
+    """What the deadline's epoch callback raises after a saved epoch reaches the CLI: exit 75
     and the message; the attempt's time is kept for the method's wall time."""
 
     def stopped(spec, *a, **k):
@@ -181,23 +176,20 @@ def test_a_run_stopped_between_methods_resumes_to_the_same_files(tmp_path, monke
 
 
 def test_a_run_stopped_after_an_epoch_resumes_to_the_same_files(tmp_path, monkeypatch):
-    """The trainer's hook (``deadline.check(epoch + 1, self.epochs)`` after each checkpoint),
-    simulated here where ccu/train.py does not call it yet: each epoch takes 10 s."""
-    from ccu.train import Trainer
+    """``ccu run`` hands the deadline's check to the trainer as its ``on_epoch_end``, called
+    after each epoch's checkpoint; each epoch takes 10 s here."""
+    from ccu import train
 
     _run(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
     clock = FakeClock()
     monkeypatch.setattr(time_box, "clock", clock)
-    save = Trainer._save
-    trainer_checks = "deadline.check" in inspect.getsource(Trainer.fit)
+    save = train.save_training_state
 
-    def timed_save(self, path, epoch, *a, **k):
-        save(self, path, epoch, *a, **k)
+    def timed_save(*a, **k):
+        save(*a, **k)
         clock.t += 10
-        if not trainer_checks:
-            time_box.check(epoch, self.epochs)
 
-    monkeypatch.setattr(Trainer, "_save", timed_save)
+    monkeypatch.setattr(train, "save_training_state", timed_save)
     res, ref = tmp_path / "boxed" / "res", tmp_path / "boxed" / "ref"
     argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--seed", "0"]
     argv += _common(res, "--reference-out", str(ref), "--stop-after", "15")

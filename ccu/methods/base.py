@@ -10,7 +10,7 @@ from torch import nn
 from ccu.attacks import probe_batch_size
 from ccu.nets import make_classifier
 from ccu.settings import Profile, TrainSettings
-from ccu.train import PRECISIONS, History, Trainer
+from ccu.train import PRECISIONS, EpochCallback, History, Trainer
 
 #: every method by its name in the paper's tables, filled by :func:`register_method`
 METHODS: dict[str, type] = {}
@@ -46,7 +46,7 @@ class Method:
     paper_network: str | None = None  # the paper's network for this method (MCD, GAN: VGG13)
 
     #: trains with :class:`ccu.Trainer`, so ``precision``, ``channels_last`` and ``compile`` apply
-    #: (GAN has its own loop and trains in float32)
+    #: (GAN has its own epoch step and trains in float32)
     uses_trainer = True
 
     def __init__(
@@ -108,9 +108,15 @@ class Method:
         return None
 
     # -- training
-    def fit(self, data, checkpoint=None) -> History:
+    def fit(self, data, checkpoint=None, on_epoch_end: EpochCallback | None = None) -> History:
+        """Train on ``data``; ``checkpoint`` and ``on_epoch_end`` as in
+        :func:`ccu.train.run_epochs` (``ccu run --stop-after`` passes its deadline's check)."""
         return self.trainer().fit(
-            self._require_model(), data, checkpoint=checkpoint, objective=self.objective()
+            self._require_model(),
+            data,
+            checkpoint=checkpoint,
+            objective=self.objective(),
+            on_epoch_end=on_epoch_end,
         )
 
     def trainer(self, seed: int | None = None) -> Trainer:

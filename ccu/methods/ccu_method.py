@@ -98,9 +98,9 @@ class CCUMethod(BaseMethod):
         centres = torch.cat([c.reshape(len(c), -1).float() for c in centres])
         check_family(model, centres.to(model.metric.whitening.device), self.name, when)
 
-    def fit(self, data, checkpoint=None):
+    def fit(self, data, checkpoint=None, on_epoch_end=None):
         self.check_densities(data, "as fitted, before training")
-        history = super().fit(data, checkpoint=checkpoint)
+        history = super().fit(data, checkpoint=checkpoint, on_epoch_end=on_epoch_end)
         self.check_densities(data, "after training")
         return history
 

@@ -5,28 +5,31 @@ while the classifier is uniform on its samples); the classifier is trained with 
 in-data plus ``beta`` x KL(uniform || p(y|G(z))) on generated samples. The paper's classifier is a
 VGG: the ``paper`` profile (or ``vgg_methods``) gives it VGG13, the others keep the dataset's
 network. G and D are small fully connected networks.
+
+The three networks train in one :class:`ccu.train.EpochStep` (:class:`GANStep`: three optimisers
+and the generator's noise) in the epoch loop every training shares (:func:`ccu.train.run_epochs`:
+checkpoints, resuming, ``on_epoch_end``).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.std import tqdm
 
-from ccu import deadline
 from ccu.data.batches import PairedLoader
 from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import BaseMethod, register_method
 from ccu.train import (
+    EpochCallback,
+    EpochResult,
+    EpochStep,
     History,
-    Trainer,
     check_training_data,
-    resume_training_state,
-    save_training_state,
+    make_optimizer,
+    run_epochs,
 )
 
 
@@ -74,7 +77,7 @@ class GANMethod(BaseMethod):
 
     name = "GAN"
     paper_network = "vgg13"
-    uses_trainer = False  # its own three-network loop, in float32
+    uses_trainer = False  # its own three-network epoch step (GANStep), in float32
     latent = 64
     beta = 1.0
 
@@ -97,67 +100,88 @@ class GANMethod(BaseMethod):
     def log_probs(self, x):
         return torch.log_softmax(self._require_model()["classifier"](x), 1)
 
-    def fit(self, data, checkpoint=None) -> History:
+    def fit(self, data, checkpoint=None, on_epoch_end: EpochCallback | None = None) -> History:
         m = self._require_model()
-        clf, gen, disc = m["classifier"], m["generator"], m["discriminator"]
         m.train()
-        opt_c = Trainer(1, self.settings)._optimizer(clf)
-        opt_g = torch.optim.Adam(gen.parameters(), 2e-4, betas=(0.5, 0.999))
-        opt_d = torch.optim.Adam(disc.parameters(), 2e-4, betas=(0.5, 0.999))
         loader = PairedLoader(
             data, self.settings.batch_size, self.seed, self.settings.augment, False, self.device
         )
-        noise = torch.Generator().manual_seed(self.seed + 1)
-        hist, start, epochs = History(), 0, self.profile.epochs
-        opts = {"classifier": opt_c, "generator": opt_g, "discriminator": opt_d}
         check_training_data(data)
-        if checkpoint is not None and Path(checkpoint).exists():  # resume after its last epoch
-            state, start, hist = resume_training_state(checkpoint, epochs, m, loader, self.device)
-            for name, opt in opts.items():
-                opt.load_state_dict(state["optimizers"][name])
-            noise.set_state(state["noise"])
-        bar = tqdm(range(start, epochs), disable=not self.progress, desc="train GAN", initial=start)
-        for epoch in bar:
-            # sums on the device, read once per epoch (as ccu.Trainer does)
-            sums, n = torch.zeros(2, dtype=torch.float64, device=self.device), 0
-            for x, y, _ in loader:
-                z = torch.randn(len(x), self.latent, generator=noise).to(x, non_blocking=True)
-                fake = gen(z)
-                # discriminator: real in-data vs generated
-                d_loss = F.binary_cross_entropy_with_logits(
-                    disc(x), torch.ones(len(x), device=x.device)
-                ) + F.binary_cross_entropy_with_logits(
-                    disc(fake.detach()), torch.zeros(len(x), device=x.device)
-                )
-                opt_d.zero_grad()
-                d_loss.backward()
-                opt_d.step()
-                # generator: fool D while the classifier is uniform on its samples
-                g_loss = F.binary_cross_entropy_with_logits(
-                    disc(fake), torch.ones(len(x), device=x.device)
-                ) + self.beta * kl_uniform(clf(fake))
-                opt_g.zero_grad()
-                g_loss.backward()
-                opt_g.step()
-                # classifier: cross-entropy + uniform on generated samples
-                logits = clf(x)
-                c_loss = F.cross_entropy(logits, y) + self.beta * kl_uniform(clf(fake.detach()))
-                opt_c.zero_grad()
-                c_loss.backward()
-                opt_c.step()
-                with torch.no_grad():
-                    correct = (logits.argmax(1) == y).sum().double()
-                    sums += torch.stack([c_loss.detach().double() * len(x), correct])
-                n += len(x)
-            tot, correct = sums.tolist()
-            hist.loss.append(tot / n)
-            hist.accuracy.append(correct / n)
-            if checkpoint is not None:
-                optimizers = {k: o.state_dict() for k, o in opts.items()}
-                save_training_state(
-                    checkpoint, epoch + 1, epochs, m, loader, hist, self.device,
-                    optimizers=optimizers, noise=noise.get_state(),
-                )  # fmt: skip
-                deadline.check(epoch + 1, epochs)  # `ccu run --stop-after`: stop here
+        step = GANStep(m, loader, self.settings, self.seed, self.latent, self.beta, self.device)
+        hist = run_epochs(
+            step, m, loader, self.profile.epochs, self.device, checkpoint=checkpoint,
+            on_epoch_end=on_epoch_end, progress=self.progress, desc="train GAN",
+        )  # fmt: skip
         m.eval()
         return hist
+
+
+class GANStep(EpochStep):
+    """One epoch of GAN's joint training, batch by batch: the discriminator (real in-data vs
+    generated), the generator (fool D while the classifier is uniform on its samples), the
+    classifier (cross-entropy + ``beta`` x KL(uniform || p(y|G(z))) on generated samples).
+
+    The classifier's optimiser is the dataset's (:func:`ccu.train.make_optimizer`), G's and D's
+    Adam(2e-4, betas (0.5, 0.999)); the latent noise has a generator of its own (seed + 1). A
+    checkpoint keeps the three optimisers under ``"optimizers"`` and the noise state under
+    ``"noise"``."""
+
+    def __init__(self, model: nn.ModuleDict, loader, settings, seed, latent, beta, device):
+        self.clf, self.gen, self.disc = (
+            model["classifier"],
+            model["generator"],
+            model["discriminator"],
+        )
+        self.loader, self.latent, self.beta, self.device = loader, latent, beta, device
+        self.opts = {
+            "classifier": make_optimizer(self.clf, settings),
+            "generator": torch.optim.Adam(self.gen.parameters(), 2e-4, betas=(0.5, 0.999)),
+            "discriminator": torch.optim.Adam(self.disc.parameters(), 2e-4, betas=(0.5, 0.999)),
+        }
+        self.noise = torch.Generator().manual_seed(seed + 1)
+
+    def state_dict(self) -> dict:
+        optimizers = {k: o.state_dict() for k, o in self.opts.items()}
+        return {"optimizers": optimizers, "noise": self.noise.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, opt in self.opts.items():
+            opt.load_state_dict(state["optimizers"][name])
+        self.noise.set_state(state["noise"])
+
+    def run(self, epoch: int) -> EpochResult:
+        clf, gen, disc, beta = self.clf, self.gen, self.disc, self.beta
+        opt_c, opt_g, opt_d = self.opts.values()
+        # sums on the device, read once per epoch (as ccu.Trainer does)
+        sums, n = torch.zeros(2, dtype=torch.float64, device=self.device), 0
+        for x, y, _ in self.loader:
+            z = torch.randn(len(x), self.latent, generator=self.noise).to(x, non_blocking=True)
+            fake = gen(z)
+            # discriminator: real in-data vs generated
+            d_loss = F.binary_cross_entropy_with_logits(
+                disc(x), torch.ones(len(x), device=x.device)
+            ) + F.binary_cross_entropy_with_logits(
+                disc(fake.detach()), torch.zeros(len(x), device=x.device)
+            )
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            # generator: fool D while the classifier is uniform on its samples
+            g_loss = F.binary_cross_entropy_with_logits(
+                disc(fake), torch.ones(len(x), device=x.device)
+            ) + beta * kl_uniform(clf(fake))
+            opt_g.zero_grad()
+            g_loss.backward()
+            opt_g.step()
+            # classifier: cross-entropy + uniform on generated samples
+            logits = clf(x)
+            c_loss = F.cross_entropy(logits, y) + beta * kl_uniform(clf(fake.detach()))
+            opt_c.zero_grad()
+            c_loss.backward()
+            opt_c.step()
+            with torch.no_grad():
+                correct = (logits.argmax(1) == y).sum().double()
+                sums += torch.stack([c_loss.detach().double() * len(x), correct])
+            n += len(x)
+        loss_sum, correct = sums.tolist()
+        return EpochResult(loss_sum, correct, n, [])

@@ -73,8 +73,8 @@ class _PostHoc(BaseMethod):
         }
         return best
 
-    def fit(self, data, checkpoint=None) -> History:
-        self._require_model().eval()
+    def fit(self, data, checkpoint=None, on_epoch_end=None) -> History:
+        self._require_model().eval()  # no epochs: calibrated on the trained Base
         self.calibrate(data)
         return History()
 

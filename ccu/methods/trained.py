@@ -283,7 +283,7 @@ class DEMethod(BaseMethod):
         n = 1 + max(int(k.split(".")[0]) for k in state["model"])
         self.model = nn.ModuleList([self._classifier() for _ in range(n)]).to(self.device)
 
-    def fit(self, data, checkpoint=None) -> History:
+    def fit(self, data, checkpoint=None, on_epoch_end=None) -> History:
         hist = History()
         for i, member in enumerate(self._require_model()):
             trainer = self.trainer(seed=self.seed * 1000 + i)
@@ -291,7 +291,7 @@ class DEMethod(BaseMethod):
                 None if checkpoint is None else checkpoint.with_name(f"member{i}.{checkpoint.name}")
             )
             objective = _FGSMObjective(box=self.spec.value_range)
-            h = trainer.fit(member, data, checkpoint=ckpt, objective=objective)
+            h = trainer.fit(member, data, ckpt, objective, on_epoch_end)
             hist.loss.extend(h.loss)
             hist.accuracy.extend(h.accuracy)
         return hist
