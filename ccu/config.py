@@ -1,6 +1,7 @@
 """Profiles (the size of every run) and the optimiser settings a dataset record holds.
 
-* ``smoke``: seconds per chapter on 2 CPU cores, offline data only (CI, nbval).
+* ``smoke``: minutes per chapter on 2 CPU cores (scaled down on ResNet18 datasets:
+  :data:`ccu.settings.SMOKE_SCALE`), offline data only (CI, nbval).
 * ``cpu``: a real but reduced run on the CPU (minutes).
 * ``paper``: the paper's protocol (100 epochs, 500-step 50-restart attacks on 200 noise points); GPU.
 

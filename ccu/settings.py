@@ -2,7 +2,8 @@
 a dataset record holds. Plain data: this module imports nothing of ``ccu``, so every other module
 may import it (:mod:`ccu.config` adds the checked :func:`~ccu.config.get_profile`).
 
-* ``smoke``: seconds per chapter on 2 CPU cores, offline data only (CI, nbval).
+* ``smoke``: minutes per chapter on 2 CPU cores (scaled down on ResNet18 datasets:
+  :data:`ccu.settings.SMOKE_SCALE`), offline data only (CI, nbval).
 * ``cpu``: a real but reduced run on the CPU (minutes).
 * ``paper``: the paper's protocol (100 epochs, 500-step 50-restart attacks on 200 noise points); GPU.
 """
