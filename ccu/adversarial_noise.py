@@ -34,13 +34,40 @@ from ccu.config import Profile, get_profile
 from ccu.data import Dataset, uniform_noise
 from ccu.experiment import RunResult, _cuda_devices, log, median, progress_bar
 from ccu.records import (
+    ATTACK_BOUND_VIOLATIONS,
+    ATTACK_KEY,
+    ATTACK_ROW,
+    ATTACK_SECONDS,
+    AUC,
+    BALLS_FROM,
+    BOUND_VIOLATIONS,
     CCU_BOUND_VIOLATIONS,
+    CCU_MAX_CONFIDENCE_FLOAT64,
+    CCU_MAX_FLOAT32_DEVIATION,
+    CCU_POINTS_OUTSIDE_BALLS,
+    CERTIFICATE,
     CERTIFIED_AUC,
+    IMAGES_INSIDE_BALLS,
+    LEVEL,
+    MAX_BOUND_OVER_BALLS,
+    MAX_CONFIDENCE_FLOAT64,
+    MAX_DISTANCE_OVER_RADIUS,
+    MAX_FLOAT32_DEVIATION,
+    MEDIAN_OWN_RADIUS,
     MEDIAN_RADIUS,
     METHODS,
+    N_ATTACKED,
     N_CENTRES,
     N_CERTIFIED,
+    N_OWN_CERTIFIED,
     N_UNCERTIFIED,
+    OWN_CERTIFIED_AUC,
+    PEAK_BOUND_VIOLATIONS,
+    PEAK_MAX_CONFIDENCE_FLOAT64,
+    POINTS_OUTSIDE_BALLS,
+    SEEDS_WON_BY_SURROGATE,
+    SR,
+    TE,
     Metrics,
 )
 from ccu.results import CorruptResultError
@@ -158,13 +185,13 @@ def _attack_one(
     meta, arrays = store.attack_files(directory, name)
     if meta.exists():
         saved = store.read_json(meta)
-        if saved.get("key") == key:
+        if saved.get(ATTACK_KEY) == key:
             got = store.read_npz(arrays) if arrays.exists() else None
             if got is None:
                 raise CorruptResultError(
                     f"{arrays} is missing though {meta} lists it; delete both to re-attack."
                 )
-            return saved["row"], got["worst_x"], got["worst_score"]
+            return saved[ATTACK_ROW], got["worst_x"], got["worst_score"]
     m = run.method
     m.model.eval()
     test_error = Metrics.from_json(run.metrics).test_error
@@ -179,21 +206,21 @@ def _attack_one(
         ratio = torch.where(radii > 0, res.distance.cpu() / radii.clamp_min(1e-300), 0.0)
         test_scores = run.scores["test"]
         row = {
-            "TE": test_error,
-            "SR": ev.success_rate(worst, test_scores),
-            "AUC": ev.strict_auc(test_scores, worst),
-            "max_distance_over_radius": float(ratio.max()),
-            "seeds_won_by_surrogate": won,
+            TE: test_error,
+            SR: ev.success_rate(worst, test_scores),
+            AUC: ev.strict_auc(test_scores, worst),
+            MAX_DISTANCE_OVER_RADIUS: float(ratio.max()),
+            SEEDS_WON_BY_SURROGATE: won,
         }
     else:  # no certified ball: nothing to attack
         worst = np.zeros(0)
         worst_x = np.zeros((0, *centres.shape[1:]), dtype=np.float32)
-        row = {"TE": test_error, "SR": float("nan"), "AUC": float("nan")}
-        row.update(max_distance_over_radius=0.0, seeds_won_by_surrogate=0)
-    row["n_attacked"] = len(centres)
-    row["attack_seconds"] = time.perf_counter() - start
+        row = {TE: test_error, SR: float("nan"), AUC: float("nan")}
+        row.update({MAX_DISTANCE_OVER_RADIUS: 0.0, SEEDS_WON_BY_SURROGATE: 0})
+    row[N_ATTACKED] = len(centres)
+    row[ATTACK_SECONDS] = time.perf_counter() - start
     store.write_npz(arrays, worst_x=worst_x, worst_score=worst)
-    store.write_json(meta, {"key": key, "row": row})  # last: marks the attack as finished
+    store.write_json(meta, {ATTACK_KEY: key, ATTACK_ROW: row})  # last: marks the attack as finished
     return row, worst_x, worst
 
 
@@ -265,17 +292,17 @@ def _own_certificate(
     if bool(own_ok.any()):
         own_bound[own_ok] = confidence_bound(model, centres[own_ok], own_radius[own_ok]).cpu()
     out = {
-        "n_own_certified": int(own_ok.sum()),
-        "median_own_radius": median(own_radius[own_ok]) if bool(own_ok.any()) else None,
-        "own_certified_auc": ev.strict_auc(test_confidence, own_bound.numpy()),
-        "bound_violations": 0,
-        "attack_bound_violations": 0,
-        "peak_bound_violations": 0,
-        "peak_max_confidence_float64": None,
-        "points_outside_balls": 0,
-        "max_confidence_float64": None,
-        "max_float32_deviation": 0.0,
-        "max_bound_over_balls": None,
+        N_OWN_CERTIFIED: int(own_ok.sum()),
+        MEDIAN_OWN_RADIUS: median(own_radius[own_ok]) if bool(own_ok.any()) else None,
+        OWN_CERTIFIED_AUC: ev.strict_auc(test_confidence, own_bound.numpy()),
+        BOUND_VIOLATIONS: 0,
+        ATTACK_BOUND_VIOLATIONS: 0,
+        PEAK_BOUND_VIOLATIONS: 0,
+        PEAK_MAX_CONFIDENCE_FLOAT64: None,
+        POINTS_OUTSIDE_BALLS: 0,
+        MAX_CONFIDENCE_FLOAT64: None,
+        MAX_FLOAT32_DEVIATION: 0.0,
+        MAX_BOUND_OVER_BALLS: None,
     }
     if bool(own_ok.any()):
         was_training = model.training
@@ -283,19 +310,21 @@ def _own_certificate(
         own_centres, own = centres[own_ok], own_radius[own_ok]
         peaks = density_peaks(model, own_centres, own)
         peak = check_certificate(model, peaks, torch.cat([own_centres, own_centres]), own.repeat(2))
-        out["peak_bound_violations"] = int(peak.violated.reshape(2, -1).any(0).sum())
-        out["peak_max_confidence_float64"] = float(peak.confidence64.max())
-        out["bound_violations"] = out["peak_bound_violations"]
+        out[PEAK_BOUND_VIOLATIONS] = int(peak.violated.reshape(2, -1).any(0).sum())
+        out[PEAK_MAX_CONFIDENCE_FLOAT64] = float(peak.confidence64.max())
+        out[BOUND_VIOLATIONS] = out[PEAK_BOUND_VIOLATIONS]
         model.train(was_training)
     if bool(ok.any()):
         check = check_certificate(model, torch.from_numpy(worst_x), centres[ok], radii[ok])
         out.update(
-            attack_bound_violations=check.n_violations,
-            bound_violations=check.n_violations + out["peak_bound_violations"],
-            points_outside_balls=check.n_outside,
-            max_confidence_float64=float(check.confidence64.max()),
-            max_float32_deviation=check.max_float32_deviation,
-            max_bound_over_balls=float(check.bound.max()),
+            {
+                ATTACK_BOUND_VIOLATIONS: check.n_violations,
+                BOUND_VIOLATIONS: check.n_violations + out[PEAK_BOUND_VIOLATIONS],
+                POINTS_OUTSIDE_BALLS: check.n_outside,
+                MAX_CONFIDENCE_FLOAT64: float(check.confidence64.max()),
+                MAX_FLOAT32_DEVIATION: check.max_float32_deviation,
+                MAX_BOUND_OVER_BALLS: float(check.bound.max()),
+            }
         )
     return out
 
@@ -348,12 +377,12 @@ def adversarial_noise(
         ccu_conf = runs[ball_method].scores["test_confidence"]
         guaranteed = torch.where(ok, bound, 1.0).numpy()  # no ball: no guarantee
         summary = {
-            "balls_from": ball_method,
+            BALLS_FROM: ball_method,
             N_CENTRES: prof.n_centres,
             N_CERTIFIED: int(ok.sum()),
             N_UNCERTIFIED: int((~ok).sum()),
-            "level": level,
-            "images_inside_balls": int(inside.sum()),
+            LEVEL: level,
+            IMAGES_INSIDE_BALLS: int(inside.sum()),
             CERTIFIED_AUC: ev.strict_auc(ccu_conf, guaranteed),
             MEDIAN_RADIUS: median(radii[ok]) if bool(ok.any()) else float("nan"),
         }
@@ -372,18 +401,18 @@ def adversarial_noise(
                 name, run, centres[ok], radii[ok], model.metric, prof, seed, key, directory,
                 attack_batch,
             )  # fmt: skip
-            took = per_method[name].get("attack_seconds", 0.0)
+            took = per_method[name].get(ATTACK_SECONDS, 0.0)
             log(f"attacked {name} on {data.name} in {int(ok.sum())} balls ({took:.1f} s)")
         for name in certifying:  # each certificate over these balls, judged in float64
-            per_method[name]["certificate"] = _own_certificate(
+            per_method[name][CERTIFICATE] = _own_certificate(
                 runs[name].method.certifier(), worst_x[name], centres, radii, ok, level,
                 runs[name].scores["test_confidence"], radii if name == ball_method else None,
             )  # fmt: skip
-        own = per_method[ball_method]["certificate"]
-        summary[CCU_BOUND_VIOLATIONS] = own["bound_violations"]
-        summary["ccu_points_outside_balls"] = own["points_outside_balls"]
-        summary["ccu_max_confidence_float64"] = own["max_confidence_float64"]
-        summary["ccu_max_float32_deviation"] = own["max_float32_deviation"]
+        own = per_method[ball_method][CERTIFICATE]
+        summary[CCU_BOUND_VIOLATIONS] = own[BOUND_VIOLATIONS]
+        summary[CCU_POINTS_OUTSIDE_BALLS] = own[POINTS_OUTSIDE_BALLS]
+        summary[CCU_MAX_CONFIDENCE_FLOAT64] = own[MAX_CONFIDENCE_FLOAT64]
+        summary[CCU_MAX_FLOAT32_DEVIATION] = own[MAX_FLOAT32_DEVIATION]
         summary[METHODS] = per_method
         result = AdversarialResult(
             summary, centres.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score

@@ -24,7 +24,16 @@ import pandas as pd
 from ccu import report
 from ccu import results as store
 from ccu.methods import ordered
-from ccu.records import AUPR_IN, AUROC, CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED, Metrics
+from ccu.records import (
+    AUPR_IN,
+    AUROC,
+    CERTIFIED_AUC,
+    MEDIAN_RADIUS,
+    METHODS,
+    N_CERTIFIED,
+    TABLE1_METRICS,
+    Metrics,
+)
 
 
 class NoResultsError(FileNotFoundError):
@@ -140,23 +149,23 @@ def attack_table(runs: SeedRuns) -> pd.DataFrame:
             f"no adversarial-noise results (table1.json) of {runs.dataset} for profile "
             f"{runs.profile}; run `ccu attack` first."
         )
-    methods = ordered({m for s in seeds for m in runs.table1[s]["methods"]})
-    any_t1 = {"methods": {m: _first(runs.table1, seeds, m) for m in methods}}
+    methods = ordered({m for s in seeds for m in runs.table1[s][METHODS]})
+    any_t1 = {METHODS: {m: _first(runs.table1, seeds, m) for m in methods}}
     paper = report.attack_table(any_t1, runs.dataset)
     rows = []
     for m in methods:
-        for metric in ("TE", "SR", "AUC"):
+        for metric in TABLE1_METRICS:
             vals = [
-                100 * runs.table1[s]["methods"][m][metric]
+                100 * runs.table1[s][METHODS][m][metric]
                 for s in seeds
-                if m in runs.table1[s]["methods"]
+                if m in runs.table1[s][METHODS]
             ]
             rows.append(_row(m, metric, vals, _paper_value(paper, metric, m)))
     return pd.DataFrame(rows)
 
 
 def _first(table1: dict, seeds, method: str) -> dict:
-    return next(table1[s]["methods"][method] for s in seeds if method in table1[s]["methods"])
+    return next(table1[s][METHODS][method] for s in seeds if method in table1[s][METHODS])
 
 
 def certification_table(runs: SeedRuns) -> pd.DataFrame:

@@ -25,7 +25,17 @@ from ccu.bounds import (
 from ccu.config import Profile
 from ccu.density import GaussianMixture
 from ccu.metric import Mahalanobis
-from ccu.records import N_CERTIFIED
+from ccu.records import (
+    BALLS_FROM,
+    BOUND_VIOLATIONS,
+    CCU_BOUND_VIOLATIONS,
+    CCU_MAX_CONFIDENCE_FLOAT64,
+    CCU_POINTS_OUTSIDE_BALLS,
+    CERTIFICATE,
+    MEDIAN_OWN_RADIUS,
+    N_CERTIFIED,
+    N_UNCERTIFIED,
+)
 
 #: slack of the float64 comparisons with a bound (confidences are at most 1)
 TOLERANCE = 1e-6
@@ -164,7 +174,7 @@ def corollary1_check(
         "violations": chk.n_violations,
         "outside": chk.n_outside,
         N_CERTIFIED: int(ok.sum()),
-        "n_uncertified": int((~ok).sum()),
+        N_UNCERTIFIED: int((~ok).sum()),
         "attack_max": float(found.max()),
         "sample_max": float(tried.sampled_max.max()),
         "float32_deviation": chk.max_float32_deviation,
@@ -234,13 +244,13 @@ def adversarial_noise_check(summary: dict) -> dict:
     summary, Table 1 (chapter *Adversarial noise*, ``book/adversarial_noise.ipynb``): no attacked
     point above Corollary 3.1's bound, none outside its ball. Returns the summary; raises
     :class:`GuaranteeViolated` otherwise."""
-    violations, outside = summary["ccu_bound_violations"], summary["ccu_points_outside_balls"]
+    violations, outside = summary[CCU_BOUND_VIOLATIONS], summary[CCU_POINTS_OUTSIDE_BALLS]
     if violations or outside:
         raise _fail(
             "Adversarial noise",
-            f"Corollary 3.1 violated by {summary.get('balls_from', 'CCU')}",
+            f"Corollary 3.1 violated by {summary.get(BALLS_FROM, 'CCU')}",
             f"{violations} attacked points above the bound over {summary[N_CERTIFIED]} certified "
-            f"balls (largest float64 confidence {summary.get('ccu_max_confidence_float64')}), "
+            f"balls (largest float64 confidence {summary.get(CCU_MAX_CONFIDENCE_FLOAT64)}), "
             f"{outside} points outside their ball",
         )
     return summary
@@ -254,13 +264,13 @@ def own_certificates(adv, names) -> dict:
     method has a point above its own bound."""
     out = {}
     for m in names:
-        cert = adv.methods[m]["certificate"]
-        median = cert["median_own_radius"]
+        cert = adv.methods[m][CERTIFICATE]
+        median = cert[MEDIAN_OWN_RADIUS]
         out[m] = {
-            "bound_violations": cert["bound_violations"],
-            "median_own_radius": float("nan") if median is None else median,
+            BOUND_VIOLATIONS: cert[BOUND_VIOLATIONS],
+            MEDIAN_OWN_RADIUS: float("nan") if median is None else median,
         }
-    bad = {m: r["bound_violations"] for m, r in out.items() if r["bound_violations"]}
+    bad = {m: r[BOUND_VIOLATIONS] for m, r in out.items() if r[BOUND_VIOLATIONS]}
     if bad:
         raise _fail(
             "Try your own density model",

@@ -20,7 +20,19 @@ from ccu.bounds import log_ratio_bound
 from ccu.config import Profile, TrainSettings, get_profile, train_settings
 from ccu.data import Dataset, load_dataset
 from ccu.data.images import uniform_noise
-from ccu.records import AUPR_IN, AUROC, Metrics
+from ccu.records import (
+    AUPR_IN,
+    AUROC,
+    CCU_BOUND_VIOLATIONS,
+    CERTIFIED_AUC,
+    COMMIT,
+    DEVICE,
+    DEVICE_NAME,
+    IMAGES_INSIDE_BALLS,
+    MEDIAN_RADIUS,
+    SKIPPED_FOR_TIME,
+    Metrics,
+)
 
 
 class ChapterSetup(NamedTuple):
@@ -200,8 +212,8 @@ def version_text(version: str) -> str:
 def reference_caption(dataset: str, ref: dict) -> str:
     """Names a committed reference run: dataset, profile, seed, device, commit and version."""
     cfg = next(iter(ref["config"].values()))
-    commit = str(cfg.get("commit") or "?")[:10]
-    device = ref.get("table1", {}).get("device_name") or cfg.get("device", "?")
+    commit = str(cfg.get(COMMIT) or "?")[:10]
+    device = ref.get("table1", {}).get(DEVICE_NAME) or cfg.get(DEVICE, "?")
     return (
         f"{ref.get('dataset', dataset)}, reference run of profile {cfg['profile']['name']}, "
         f"seed {cfg['seed']}, "
@@ -282,9 +294,9 @@ def reference_summary(dataset: str, ref: dict) -> str:
     cfg = next(iter(ref["config"].values()))
     return (
         f"**{dataset}** (data sha256 `{cfg['data_checksum'][:12]}...`): median certified radius "
-        f"{t1['median_radius']:.1f}; images inside balls: {t1['images_inside_balls']}; CCU bound "
-        f"violations: {t1.get('ccu_bound_violations')}; certified AUC "
-        f"{100 * t1['certified_auc']:.2f}%; skipped for time: {t1.get('skipped_for_time') or 'none'}"
+        f"{t1[MEDIAN_RADIUS]:.1f}; images inside balls: {t1[IMAGES_INSIDE_BALLS]}; CCU bound "
+        f"violations: {t1.get(CCU_BOUND_VIOLATIONS)}; certified AUC "
+        f"{100 * t1[CERTIFIED_AUC]:.2f}%; skipped for time: {t1.get(SKIPPED_FOR_TIME) or 'none'}"
     )
 
 

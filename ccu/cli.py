@@ -129,14 +129,14 @@ def cmd_methods(args) -> int:
 
 def cmd_train(args) -> int:
     from ccu import steps
-    from ccu.records import TEST_ERROR
+    from ccu.records import LOADED, SECONDS, TEST_ERROR
 
     spec = _spec(args)
     stamp = steps.train_one(spec, _root(args))
-    how = "loaded" if stamp["loaded"] else "trained"
+    how = "loaded" if stamp[LOADED] else "trained"
     print(
         f"{args.method} on {args.dataset} (profile {spec.profile.name}, seed {args.seed}): {how} "
-        f"in {stamp['seconds']:.1f} s on {spec.device}; test error "
+        f"in {stamp[SECONDS]:.1f} s on {spec.device}; test error "
         f"{100 * stamp[TEST_ERROR]:.2f} %"
     )
     return EXIT_OK

@@ -118,7 +118,7 @@ def run_method(
                 raise
             except (RuntimeError, ValueError, KeyError) as exc:
                 raise CorruptResultError(
-                    f"{files.path('model.pt')} does not fit {method} ({exc}). Delete "
+                    f"{files.path(store.MODEL)} does not fit {method} ({exc}). Delete "
                     f"{files.directory} and run the same step again to retrain."
                 ) from exc
             log(f"loaded {method} on {dataset} ({prof.name}, seed {seed}) from {files.directory}")

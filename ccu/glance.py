@@ -20,7 +20,7 @@ import pandas as pd
 from ccu import report
 from ccu.data import REGISTRY
 from ccu.methods import METHOD_ORDER, ordered
-from ccu.records import AUPR_IN, AUROC, Metrics
+from ccu.records import AUPR_IN, AUROC, COMMIT, DEVICE, DEVICE_NAME, METHODS, Metrics
 
 TABLES = ("Table 1", "Table 2", "AUPR", "P_Stats")
 PAPER_DATASETS = ("MNIST", "FMNIST", "SVHN", "CIFAR10", "CIFAR100")
@@ -68,8 +68,8 @@ def provenance(ref: dict) -> dict:
         "profile": ref["profile"],
         "run": ref["dataset"],
         "seed": cfg.get("seed"),
-        "device": table1.get("device_name") or cfg.get("device"),
-        "commit": str(cfg.get("commit") or "?")[:10],
+        "device": table1.get(DEVICE_NAME) or cfg.get(DEVICE),
+        "commit": str(cfg.get(COMMIT) or "?")[:10],
         "ccu": cfg.get("ccu_version"),
     }
 
@@ -77,7 +77,7 @@ def provenance(ref: dict) -> dict:
 def _rows_table1(paper: str, ref: dict, method: str) -> list[tuple]:
     t = report.paper_table("table1_adversarial_noise")
     t = t[(t.dataset == paper) & (t.method == method)]
-    methods = ref.get("table1", {}).get("methods", {})
+    methods = ref.get("table1", {}).get(METHODS, {})
     rows = []
     for _, r in t.iterrows():
         ours = methods.get(r.method, {}).get(r.metric)

@@ -35,7 +35,34 @@ from ccu import lp
 from ccu._version import __version__
 from ccu.attacks import confidence_score
 from ccu.bounds import certified_mask, certified_radius, confidence_bound
-from ccu.records import AUROC, CERTIFIED_AUC, MEDIAN_RADIUS, N_CERTIFIED, TEST_ERROR, Metrics
+from ccu.records import (
+    AUROC,
+    CERTIFIED_AUC,
+    LEVEL,
+    MEDIAN_RADIUS,
+    N_CERTIFIED,
+    TEST_ERROR,
+    Metrics,
+)
+
+# ``guarantees.json``'s own keys, spelled here only (this module writes and reads it; the store
+# names the file, :data:`ccu.results.GUARANTEES`); the keys it shares with Table 1's summary
+# (:data:`ccu.records.LEVEL`, :data:`ccu.records.N_CERTIFIED`, ...) come from :mod:`ccu.records`
+#: the certificates' setting: classes, the norm factors kappa_2 and kappa_inf, the radii swept
+NUM_CLASSES, KAPPA_2, KAPPA_INF = "num_classes", "kappa_2", "kappa_inf"
+EPS_INF, EPS_2 = "eps_inf", "eps_2"
+#: per point set (``"test"``, the OOD sets): its row (keys below)
+SETS = "sets"
+#: a row: points, the share certified, the certified radii's quantiles (and of the inner l_2 and
+#: l_inf radii), per l_inf / l_2 eps the GAUC (ties one half), the strict GAUC and median bound
+N, SHARE_CERTIFIED = "n", "share_certified"
+RADIUS, INNER_L2_RADIUS, INNER_LINF_RADIUS = "radius", "inner_l2_radius", "inner_linf_radius"
+GAUC_INF, GAUC_2 = "gauc_inf", "gauc_2"
+GAUC, GAUC_STRICT, MEDIAN_BOUND = "gauc", "gauc_strict", "median_bound"
+#: the quantile of a row's radii that is their median
+MEDIAN = "q50"
+#: the field's l_inf eps of the run's kind (:data:`FIELD_EPS`) and the OOD sets not loaded
+FIELD_EPS_INF, SKIPPED = "field_eps_inf", "skipped"
 
 #: the l_inf radius of GOOD (Bitterwolf et al. 2020) and ProoD (Meinke et al. 2022)
 FIELD_EPS = {"grey": 0.3, "colour": 0.01}
@@ -105,44 +132,44 @@ def certify_sets(
     k2 = lp.lp_norm_factor(model.metric, 2)
     kinf = lp.linf_norm_bounds(model.metric)
     out = {
-        "level": level,
-        "num_classes": model.num_classes,
-        "kappa_2": k2,
-        "kappa_inf": {
+        LEVEL: level,
+        NUM_CLASSES: model.num_classes,
+        KAPPA_2: k2,
+        KAPPA_INF: {
             "upper": kinf.upper,
             "lower": kinf.lower,
             "best": kinf.best,
             "candidates": kinf.candidates,
         },
-        "eps_inf": [float(e) for e in eps_inf],
-        "eps_2": [float(e) for e in eps_2],
-        "sets": {},
+        EPS_INF: [float(e) for e in eps_inf],
+        EPS_2: [float(e) for e in eps_2],
+        SETS: {},
     }
     for name, x in sets.items():
         radius, bound = certify_set(model, x, level, batch)
         ok = certified_mask(radius)
         r = radius[ok]
         row = {
-            "n": len(radius),
+            N: len(radius),
             N_CERTIFIED: int(ok.sum()),
-            "share_certified": float(ok.double().mean()),
-            "radius": _quantiles(r),
-            "inner_l2_radius": _quantiles(r / k2),
-            "inner_linf_radius": _quantiles(r / kinf.upper),
+            SHARE_CERTIFIED: float(ok.double().mean()),
+            RADIUS: _quantiles(r),
+            INNER_L2_RADIUS: _quantiles(r / k2),
+            INNER_LINF_RADIUS: _quantiles(r / kinf.upper),
         }
         if name != "test":
             row[CERTIFIED_AUC] = ev.strict_auc(conf_in, bound.numpy())
-            for p, eps_values, key in ((math.inf, eps_inf, "gauc_inf"), (2, eps_2, "gauc_2")):
+            for p, eps_values, key in ((math.inf, eps_inf, GAUC_INF), (2, eps_2, GAUC_2)):
                 bounds = lp_bounds(model, x, eps_values, p, batch)
                 row[key] = {
                     f"{e:.6g}": {
-                        "gauc": lp.guaranteed_auc(conf_in, b),
-                        "gauc_strict": ev.strict_auc(conf_in, b),
-                        "median_bound": float(np.median(b)),
+                        GAUC: lp.guaranteed_auc(conf_in, b),
+                        GAUC_STRICT: ev.strict_auc(conf_in, b),
+                        MEDIAN_BOUND: float(np.median(b)),
                     }
                     for e, b in bounds.items()
                 }
-        out["sets"][name] = row
+        out[SETS][name] = row
     return out
 
 
@@ -174,7 +201,7 @@ def run_guarantees(run, data, level: float = 1.1, ood_seed: int = 1, batch: int 
         batch=batch,
     )
     metrics = Metrics.from_json(run.metrics)
-    for name, row in out["sets"].items():  # the same run's clean AUROC, for the comparison
+    for name, row in out[SETS].items():  # the same run's clean AUROC, for the comparison
         auroc = metrics.value(name, AUROC)
         if auroc is not None:
             row[AUROC] = auroc
@@ -183,9 +210,7 @@ def run_guarantees(run, data, level: float = 1.1, ood_seed: int = 1, batch: int 
         method=run.config.get("method"),
         profile=run.config.get("profile", {}).get("name"),
         seed=run.config.get("seed"),
-        field_eps_inf=FIELD_EPS[k],
-        skipped=skipped,
-        **{TEST_ERROR: metrics.test_error},
+        **{FIELD_EPS_INF: FIELD_EPS[k], SKIPPED: skipped, TEST_ERROR: metrics.test_error},
         model_files=run.config.get("files"),  # digests of the saved run these numbers are for
         ccu_version=__version__,
         torch_version=torch.__version__,
@@ -199,20 +224,20 @@ def run_guarantees(run, data, level: float = 1.1, ood_seed: int = 1, batch: int 
 def summary_rows(guarantees: dict) -> list[dict]:
     """One row per point set of a ``guarantees.json``: share certified, median radius (and inner
     l_2 / l_inf radii), certified AUC and the GAUC at the field's ``eps`` (for tables)."""
-    eps = guarantees.get("field_eps_inf")
+    eps = guarantees.get(FIELD_EPS_INF)
     rows = []
-    for name, s in guarantees["sets"].items():
-        g = s.get("gauc_inf", {}).get(f"{eps:.6g}", {}) if eps is not None else {}
+    for name, s in guarantees[SETS].items():
+        g = s.get(GAUC_INF, {}).get(f"{eps:.6g}", {}) if eps is not None else {}
         rows.append(
             {
                 "set": name,
-                "n": s["n"],
-                "share_certified": s["share_certified"],
-                MEDIAN_RADIUS: s["radius"]["q50"],
-                "median_inner_l2": s["inner_l2_radius"]["q50"],
-                "median_inner_linf": s["inner_linf_radius"]["q50"],
+                "n": s[N],
+                "share_certified": s[SHARE_CERTIFIED],
+                MEDIAN_RADIUS: s[RADIUS][MEDIAN],
+                "median_inner_l2": s[INNER_L2_RADIUS][MEDIAN],
+                "median_inner_linf": s[INNER_LINF_RADIUS][MEDIAN],
                 CERTIFIED_AUC: s.get(CERTIFIED_AUC),
-                "gauc_field_eps": g.get("gauc"),
+                "gauc_field_eps": g.get(GAUC),
             }
         )
     return rows
@@ -287,8 +312,8 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
     for key, g in committed_guarantees(root).items():
         if report.PAPER_DATASET.get(g["run"]) != paper_dataset:
             continue
-        for name, s in g["sets"].items():
-            gi = s.get("gauc_inf", {}).get(f"{eps:.6g}")
+        for name, s in g[SETS].items():
+            gi = s.get(GAUC_INF, {}).get(f"{eps:.6g}")
             if gi is None:
                 continue
             rows.append(
@@ -298,8 +323,8 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
                     ood_set=report.PAPER_OOD.get(name, name),
                     eps_inf=eps,
                     AUC=100 * s[AUROC] if AUROC in s else None,
-                    GAUC=100 * gi["gauc"],
-                    GAUC_strict=100 * gi["gauc_strict"],
+                    GAUC=100 * gi[GAUC],
+                    GAUC_strict=100 * gi[GAUC_STRICT],
                     network="LeNet + GMMs (CCU)",
                     train_out="grey CIFAR-10 train (stand-in)",
                 )  # fmt: skip
@@ -328,7 +353,7 @@ def certificate_table(g: dict):
             "median_inner_l2": "median l2 radius",
             "median_inner_linf": "median linf radius",
             CERTIFIED_AUC: "certified AUC %",
-            "gauc_field_eps": f"GAUC % (linf {g.get('field_eps_inf')})",
+            "gauc_field_eps": f"GAUC % (linf {g.get(FIELD_EPS_INF)})",
         }
     )
 
@@ -341,18 +366,18 @@ def gauc_sweep_figure(g: dict, title: str = ""):
     from ccu import report
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, key, norm in ((axes[0], "gauc_inf", "l_inf"), (axes[1], "gauc_2", "l_2")):
-        for i, (name, s) in enumerate(g["sets"].items()):
+    for ax, key, norm in ((axes[0], GAUC_INF, "l_inf"), (axes[1], GAUC_2, "l_2")):
+        for i, (name, s) in enumerate(g[SETS].items()):
             if key not in s:
                 continue
             eps = [float(e) for e in s[key]]
             colour = f"C{i}"
             label = report.PAPER_OOD.get(name, name)
-            ax.plot(eps, [100 * v["gauc"] for v in s[key].values()], "o-", c=colour, label=label)
-            ax.plot(eps, [100 * v["gauc_strict"] for v in s[key].values()], "x--", c=colour)
-        if key == "gauc_inf" and g.get("field_eps_inf") is not None:
-            ax.axvline(g["field_eps_inf"], c="grey", lw=0.8)
-        if key == "gauc_inf":
+            ax.plot(eps, [100 * v[GAUC] for v in s[key].values()], "o-", c=colour, label=label)
+            ax.plot(eps, [100 * v[GAUC_STRICT] for v in s[key].values()], "x--", c=colour)
+        if key == GAUC_INF and g.get(FIELD_EPS_INF) is not None:
+            ax.axvline(g[FIELD_EPS_INF], c="grey", lw=0.8)
+        if key == GAUC_INF:
             ax.set_xscale("symlog", linthresh=1e-3)
             ax.set_xlim(left=0)
         else:

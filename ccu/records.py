@@ -6,9 +6,15 @@
   trainer options): its config dict (the identity written to ``config.json``) and its key
   (:func:`ccu.results.config_key`). Whether a saved run matches one asked for is decided by
   :func:`ccu.results.same_config` alone.
-* The keys of the adversarial-noise summary (``table1.json``, Table 1 of the paper) and of the
-  certificates' rows (:mod:`ccu.guarantees`), spelled once here: :data:`N_CERTIFIED`,
-  :data:`CERTIFIED_AUC`, :data:`MEDIAN_RADIUS`, ...
+* The keys of the result files' JSON objects, spelled once here (where the files live and
+  their names are :mod:`ccu.results`): the adversarial-noise summary (``table1.json``, Table 1
+  of the paper: :data:`N_CERTIFIED`, :data:`CERTIFIED_AUC`, :data:`METHODS`, ...), each
+  method's row in it (:data:`TE`, :data:`SR`, :data:`AUC`, ...) and its certificate
+  (:data:`BOUND_VIOLATIONS`, ...), the reference copy's provenance (:data:`COMMIT`,
+  :data:`DEVICE_NAME`, ...), ``trained.json`` (:func:`trained_record`), ``evaluation.json``
+  (:func:`evaluation_record`) and ``run_times.json`` (:data:`RUN_TIMES_METHODS`, ...).
+  ``guarantees.json`` takes the shared ones from here and spells its own at the top of
+  :mod:`ccu.guarantees`, its only writer and reader.
 * :class:`AttackSummary`: the headline of one ``table1.json`` as a frozen record, read with
   :meth:`AttackSummary.from_json` and written back unchanged with :meth:`AttackSummary.to_json`.
 * :class:`Metrics`: one method's ``metrics.json`` (test error, confidences, the OOD metrics per
@@ -42,8 +48,79 @@ CERTIFIED_AUC = "certified_auc"
 MEDIAN_RADIUS = "median_radius"
 #: float64 bound violations of CCU's worst points (any is a false certificate)
 CCU_BOUND_VIOLATIONS = "ccu_bound_violations"
-#: per method: TE, SR, AUC of Table 1 and the attack's checks
+#: per method: TE, SR, AUC of Table 1 and the attack's checks (a row, keys below)
 METHODS = "methods"
+#: the certifying method whose certified balls are attacked (``"CCU"`` when it ran)
+BALLS_FROM = "balls_from"
+#: the level of the certificates: a ball is certified where the bound is below ``level / M``
+#: (also a key of ``guarantees.json``)
+LEVEL = "level"
+#: training or test images inside a certified ball
+IMAGES_INSIDE_BALLS = "images_inside_balls"
+#: the ball method's certificate (its row's :data:`CERTIFICATE`) repeated in the summary: its
+#: worst points outside their ball, their highest float64 confidence, the largest float32 error
+CCU_POINTS_OUTSIDE_BALLS = "ccu_points_outside_balls"
+CCU_MAX_CONFIDENCE_FLOAT64 = "ccu_max_confidence_float64"
+CCU_MAX_FLOAT32_DEVIATION = "ccu_max_float32_deviation"
+
+# ---------------------------------------------------------- one method's row of table1.json
+#: Table 1's numbers over the certified centres: the clean test error, the attack's success
+#: rate and the strict AUC of in-distribution against the worst noise (fractions); the rows of
+#: the Table 1 tables are named by these keys, the paper's names (``ccu/reference/paper``)
+TE, SR, AUC = "TE", "SR", "AUC"
+TABLE1_METRICS = (TE, SR, AUC)
+#: the largest distance of an attacked point from its centre over its ball's radius (<= 1)
+MAX_DISTANCE_OVER_RADIUS = "max_distance_over_radius"
+#: centres whose worst point came from the method's attack surrogate
+SEEDS_WON_BY_SURROGATE = "seeds_won_by_surrogate"
+#: certified centres attacked, and the attack's wall time
+N_ATTACKED = "n_attacked"
+ATTACK_SECONDS = "attack_seconds"
+#: a certifying method's own Corollary 1 certificate over the balls (keys below)
+CERTIFICATE = "certificate"
+#: ``attack.<method>.json``: the attack's digest and its finished row
+ATTACK_KEY, ATTACK_ROW = "key", "row"
+
+# ------------------------------------------------------------------ a row's certificate
+#: its own certified centres, their median radius and its certified AUC on the same centres
+N_OWN_CERTIFIED = "n_own_certified"
+MEDIAN_OWN_RADIUS = "median_own_radius"
+OWN_CERTIFIED_AUC = "own_certified_auc"
+#: points above its own bound: the attack's worst points and the density peaks (any is a false
+#: certificate); the sum of both
+BOUND_VIOLATIONS = "bound_violations"
+ATTACK_BOUND_VIOLATIONS = "attack_bound_violations"
+PEAK_BOUND_VIOLATIONS = "peak_bound_violations"
+#: the highest float64 confidence at the density peaks
+PEAK_MAX_CONFIDENCE_FLOAT64 = "peak_max_confidence_float64"
+#: the attack's worst points judged in float64: outside their ball, highest confidence, largest
+#: float32 error and the largest bound over the balls
+POINTS_OUTSIDE_BALLS = "points_outside_balls"
+MAX_CONFIDENCE_FLOAT64 = "max_confidence_float64"
+MAX_FLOAT32_DEVIATION = "max_float32_deviation"
+MAX_BOUND_OVER_BALLS = "max_bound_over_balls"
+
+# ------------------------------------------- provenance: reference table1.json, trained.json
+#: the commit of the tree that wrote the file (also in a reference ``config.json``)
+COMMIT = "commit"
+#: the device (``"cuda"``, ``"cpu"``) and its name (the GPU's)
+DEVICE, DEVICE_NAME = "device", "device_name"
+TORCH_VERSION = "torch_version"
+#: ``ccu run``'s wall time over its calls, per method, how many calls, methods skipped for time
+WALL_SECONDS_TOTAL = "wall_seconds_total"
+WALL_SECONDS_PER_METHOD = "wall_seconds_per_method"
+CALLS = "calls"
+SKIPPED_FOR_TIME = "skipped_for_time"
+#: ``trained.json``: whether the run was loaded (not trained) and the seconds it took
+LOADED, SECONDS = "loaded", "seconds"
+#: ``trained.json``: the sha256 of the run's files (its config's ``files``)
+FILES = "files"
+
+# ----------------------------------------------------------------------------- run_times.json
+#: ``run_times.json`` (:class:`ccu.steps.RunTimes`): per method its finished training's wall
+#: time, per method the time of attempts cut short, and the calls (each :data:`SECONDS` and
+#: where it :data:`STOPPED`) since the run last finished (:data:`CALLS`)
+RUN_TIMES_METHODS, RUN_TIMES_PENDING, STOPPED = "methods", "pending", "stopped"
 
 
 # ----------------------------------------------------------------------------- metric keys
@@ -275,6 +352,25 @@ class Metrics:
     def source(self, name: str) -> dict:
         """Where OOD set ``name``'s images came from (:data:`OOD_SOURCES`; empty if unknown)."""
         return (self.ood_sources or {}).get(name, {})
+
+
+def trained_record(spec: RunSpec, device_name: str, loaded: bool, seconds: float, files: dict,
+                   test_error: float | None) -> dict:  # fmt: skip
+    """``trained.json`` (:func:`ccu.steps.train_one`, the workflow's marker): the run named by
+    ``spec``, the device it ran on (``device_name``: the GPU's name), whether it was
+    ``loaded`` from disk, its wall ``seconds``, its files' sha256 and its test error."""
+    return {
+        "dataset": spec.dataset,
+        "method": spec.method,
+        "profile": spec.profile.name,
+        "seed": spec.seed,
+        DEVICE: spec.device,
+        DEVICE_NAME: device_name,
+        LOADED: loaded,
+        SECONDS: seconds,
+        FILES: files,
+        TEST_ERROR: test_error,
+    }
 
 
 def evaluation_record(spec: RunSpec, metrics: Metrics, ood: dict[str, dict]) -> dict:

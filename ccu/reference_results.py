@@ -26,6 +26,16 @@ import subprocess
 from pathlib import Path
 
 from ccu import results as store
+from ccu.records import (
+    ATTACK_SECONDS,
+    COMMIT,
+    DEVICE,
+    DEVICE_NAME,
+    SKIPPED_FOR_TIME,
+    TORCH_VERSION,
+    WALL_SECONDS_PER_METHOD,
+    WALL_SECONDS_TOTAL,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 #: the committed reference results
@@ -110,11 +120,11 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         d = store.method_dir(prof, dataset, name, root, seed)
         config = store.read_config(d / store.CONFIG)
         stamp = store.read_json(d / store.TRAINED) if (d / store.TRAINED).exists() else {}
-        device = stamp.get("device", "unknown")
-        devices.add((device, stamp.get("device_name", "unknown")))
+        device = stamp.get(DEVICE, "unknown")
+        devices.add((device, stamp.get(DEVICE_NAME, "unknown")))
         seconds += config.get("wall_seconds", 0.0)
         per_method[name] = config.get("wall_seconds")
-        cfg = dict(config, commit=commit, device=device)
+        cfg = dict(config, **{COMMIT: commit, DEVICE: device})
         cfg.pop(store.CONFIG_CHECKSUM, None)  # the copy adds fields: its checksum would not hold
         guarantees = None
         if (d / store.GUARANTEES).exists():  # certifying methods: ccu.guarantees
@@ -122,22 +132,24 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         metrics = without_machine_paths(store.read_json(d / store.METRICS))
         write_method(out, name, without_machine_paths(cfg), metrics, guarantees)
     table1 = dict(adv.summary)
-    seconds += sum(r.get("attack_seconds", 0.0) for r in adv.methods.values())
+    seconds += sum(r.get(ATTACK_SECONDS, 0.0) for r in adv.methods.values())
     device, device_name = sorted(devices)[0] if len(devices) == 1 else ("mixed", "mixed")
     table1.update(
-        commit=commit,
-        wall_seconds_total=seconds,
-        device=device,
-        device_name=device_name,
-        torch_version=torch.__version__,
-        skipped_for_time=[],
+        {
+            COMMIT: commit,
+            WALL_SECONDS_TOTAL: seconds,
+            DEVICE: device,
+            DEVICE_NAME: device_name,
+            TORCH_VERSION: torch.__version__,
+            SKIPPED_FOR_TIME: [],
+        }
     )
     extra = dict(extra or {})
     # training time per method: the last call's (the config's), or all calls' when `ccu run`
     # knows them (a run stopped for time and resumed)
-    known = extra.pop("wall_seconds_per_method", None) or {}
+    known = extra.pop(WALL_SECONDS_PER_METHOD, None) or {}
     per_method.update({k: known[k] for k in names if known.get(k) is not None})
-    table1.update(extra, wall_seconds_per_method=per_method)
+    table1.update(extra, **{WALL_SECONDS_PER_METHOD: per_method})
     write_table1(out, table1)
     # NaN marks an uncertified centre (no certified ball)
     buf = io.BytesIO()

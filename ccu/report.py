@@ -15,7 +15,21 @@ import pandas as pd
 
 from ccu.data import OOD_SETS, REGISTRY
 from ccu.methods import ordered
-from ccu.records import AUROC, MEAN_MAX_CONFIDENCE, AttackSummary, Metrics
+from ccu.records import (
+    AUC,
+    AUROC,
+    CERTIFICATE,
+    MEAN_MAX_CONFIDENCE,
+    MEDIAN_OWN_RADIUS,
+    METHODS,
+    N_OWN_CERTIFIED,
+    OWN_CERTIFIED_AUC,
+    SR,
+    TABLE1_METRICS,
+    TE,
+    AttackSummary,
+    Metrics,
+)
 from ccu.reference_results import REFERENCE_RESULTS, load_reference  # noqa: F401 - re-exported
 
 #: registry names -> the paper's dataset names, and OOD set names -> the paper's column names
@@ -95,9 +109,9 @@ def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
     paper = paper_table("table1_adversarial_noise")
     paper = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
     data = {}
-    for method in ordered(table1["methods"]):
-        r = table1["methods"][method]
-        for metric in ("TE", "SR", "AUC"):
+    for method in ordered(table1[METHODS]):
+        r = table1[METHODS][method]
+        for metric in TABLE1_METRICS:
             p = paper[(paper.metric == metric) & (paper.method == method)]
             data.setdefault((method, "ours"), {})[metric] = 100 * r[metric]
             value = float(p.value.iloc[0]) if len(p) else np.nan
@@ -164,7 +178,7 @@ def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | No
     AUC, and its training time."""
     rows = {}
     for method in ordered(metrics):
-        cert = table1.get("methods", {}).get(method, {}).get("certificate")
+        cert = table1.get(METHODS, {}).get(method, {}).get(CERTIFICATE)
         if cert is None:
             continue
         m = Metrics.from_json(metrics[method])
@@ -173,10 +187,10 @@ def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | No
             if m.value(ood, AUROC) is not None:
                 row[f"AUROC {PAPER_OOD.get(ood, ood)}"] = 100 * m.value(ood, AUROC)
         n_centres = AttackSummary.from_json(table1).n_centres
-        row["certified seeds"] = f"{cert['n_own_certified']}/{n_centres}"  # the column's name
-        row["median radius"] = cert["median_own_radius"]
-        row["certified AUC %"] = 100 * cert["own_certified_auc"]
-        row["SR %"] = 100 * table1["methods"][method]["SR"]
+        row["certified seeds"] = f"{cert[N_OWN_CERTIFIED]}/{n_centres}"  # the column's name
+        row["median radius"] = cert[MEDIAN_OWN_RADIUS]
+        row["certified AUC %"] = 100 * cert[OWN_CERTIFIED_AUC]
+        row["SR %"] = 100 * table1[METHODS][method][SR]
         if config and method in config:
             row["train s"] = config[method].get("train_seconds")
         rows[method] = row
@@ -205,14 +219,14 @@ def every_metric_table(metrics: dict[str, dict]) -> pd.DataFrame:
 
 
 #: the abbreviations tables use, defined under every table that shows them (paper, Table 1 and
-#: the appendix's P_Stats)
+#: the appendix's P_Stats); Table 1's rows are named by its row keys (:data:`ccu.records.TE`, ...)
 ABBREVIATIONS = {
-    "TE": "TE: clean test error",
-    "SR": (
+    TE: "TE: clean test error",
+    SR: (
         "SR: success rate of the attack, the share of certified noise seeds whose worst case "
         "inside its ball scores above the median in-distribution test confidence (or score)"
     ),
-    "AUC": "AUC: area under the ROC curve, in-distribution against adversarial noise",
+    AUC: "AUC: area under the ROC curve, in-distribution against adversarial noise",
     "#": "#: number of test points",
     "%": "%: in percent",
 }

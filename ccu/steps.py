@@ -25,12 +25,21 @@ from pathlib import Path
 from ccu.checks import MissingError, UsageError
 from ccu.experiment import log
 from ccu.records import (
+    CALLS,
+    LOADED,
     MEAN_MAX_CONFIDENCE,
-    TEST_ERROR,
+    RUN_TIMES_METHODS,
+    RUN_TIMES_PENDING,
+    SECONDS,
+    SKIPPED_FOR_TIME,
+    STOPPED,
+    WALL_SECONDS_PER_METHOD,
+    WALL_SECONDS_TOTAL,
     Metrics,
     RunSpec,
     TrainerOptions,
     evaluation_record,
+    trained_record,
 )
 from ccu.reference_results import current_commit  # noqa: F401 - provenance, part of this API
 
@@ -69,18 +78,14 @@ def train_one(spec: RunSpec, root=None, data=None, on_epoch_end=None) -> dict:
 
     start = time.perf_counter()
     run = _run(spec, root, data, on_epoch_end)
-    stamp = {
-        "dataset": spec.dataset,
-        "method": spec.method,
-        "profile": spec.profile.name,
-        "seed": spec.seed,
-        "device": spec.device,
-        "device_name": device_name(spec.device),
-        "loaded": run.loaded,
-        "seconds": time.perf_counter() - start,
-        "files": run.config.get("files", {}),
-        TEST_ERROR: Metrics.from_json(run.metrics).test_error,
-    }
+    stamp = trained_record(
+        spec,
+        device_name(spec.device),
+        run.loaded,
+        time.perf_counter() - start,
+        run.config.get("files", {}),
+        Metrics.from_json(run.metrics).test_error,
+    )
     store.write_json(run.directory / store.TRAINED, stamp)
     return stamp
 
@@ -237,9 +242,9 @@ class RunTimes:
                 "one file and run again: the trained models are kept, only the times of the "
                 "calls before are lost."
             )
-        self.methods: dict = saved.get("methods", {})
-        self.pending: dict = saved.get("pending", {})
-        self.calls: list = saved.get("calls", [])
+        self.methods: dict = saved.get(RUN_TIMES_METHODS, {})
+        self.pending: dict = saved.get(RUN_TIMES_PENDING, {})
+        self.calls: list = saved.get(CALLS, [])
         self.start = time.perf_counter()
 
     def method(self, name: str, seconds: float, finished: bool) -> None:
@@ -255,19 +260,19 @@ class RunTimes:
 
     def total_seconds(self) -> float:
         """This call's time and that of the calls before it since the run last finished."""
-        return sum(c["seconds"] for c in self.calls) + self.call_seconds()
+        return sum(c[SECONDS] for c in self.calls) + self.call_seconds()
 
     def end_call(self, stopped: str | None) -> None:
         """Record this call: ``stopped`` says where it stopped, None when the run finished (the
         list of calls then starts afresh)."""
-        call = {"seconds": self.call_seconds(), "stopped": stopped}
+        call = {SECONDS: self.call_seconds(), STOPPED: stopped}
         self.calls = [] if stopped is None else [*self.calls, call]
         self._write()
 
     def _write(self) -> None:
         from ccu import results as store
 
-        out = {"methods": self.methods, "pending": self.pending, "calls": self.calls}
+        out = {RUN_TIMES_METHODS: self.methods, RUN_TIMES_PENDING: self.pending, CALLS: self.calls}
         store.write_json(self.path, out)
 
 
@@ -306,7 +311,7 @@ def run_seed(
                 times.method(m, time.perf_counter() - began, finished=False)
                 box.worked = True
                 raise
-            if not stamp["loaded"]:
+            if not stamp[LOADED]:
                 times.method(m, time.perf_counter() - began, finished=True)
                 box.worked = True
             evaluate_one(one, root)
@@ -320,10 +325,10 @@ def run_seed(
         box.worked = True
         if reference_out:
             extra = {
-                "wall_seconds_total": times.total_seconds(),
-                "calls": len(times.calls) + 1,
-                "wall_seconds_per_method": times.methods,
-                "skipped_for_time": skipped,
+                WALL_SECONDS_TOTAL: times.total_seconds(),
+                CALLS: len(times.calls) + 1,
+                WALL_SECONDS_PER_METHOD: times.methods,
+                SKIPPED_FOR_TIME: skipped,
             }
             out = reference_results.write_reference(
                 dataset, spec.profile, seed, reference_out, root, done, extra=extra

@@ -121,3 +121,109 @@ def test_metrics_written_in_the_order_of_the_file_and_partial_ones_kept_partial(
     assert "ood_sources" not in none_loaded.to_json() and none_loaded.skipped("b") == "offline"
     partial = {"ood": {"u": {"auroc": 0.9}}}
     assert Metrics.from_json(partial).to_json() == partial
+
+
+# ----------------------------------------------------------------------------- one owner
+#: the keys of the result files' JSON objects that only :mod:`ccu.records` spells: the
+#: adversarial-noise summary (table1.json), each method's row and certificate in it, the reference
+#: copy's provenance (generic words such as "device", "commit" or "seconds" are left out: they
+#: are also config.json's fields)
+OWNED_KEYS = (
+    "methods", "balls_from", "n_certified", "n_uncertified", "level", "images_inside_balls",
+    "certified_auc", "median_radius", "ccu_bound_violations", "ccu_points_outside_balls",
+    "ccu_max_confidence_float64", "ccu_max_float32_deviation",
+    "TE", "SR", "AUC", "max_distance_over_radius", "seeds_won_by_surrogate", "n_attacked",
+    "attack_seconds", "certificate",
+    "n_own_certified", "median_own_radius", "own_certified_auc", "bound_violations",
+    "attack_bound_violations", "peak_bound_violations", "peak_max_confidence_float64",
+    "points_outside_balls", "max_confidence_float64", "max_float32_deviation",
+    "max_bound_over_balls",
+    "device_name", "wall_seconds_total", "wall_seconds_per_method", "skipped_for_time",
+)  # fmt: skip
+#: the same words where they are no key of a result file: (module, word) -> why
+NOT_KEYS = {
+    ("ccu/cli.py", "methods"): "the sub-command `ccu methods`",
+    ("ccu/cli_parser.py", "methods"): "the sub-command `ccu methods`",
+    ("ccu/checks.py", "methods"): "the workflow config's key (workflow/config.yaml)",
+    ("ccu/chapter.py", "methods"): "the chapters' parameter",
+    ("ccu/guarantees.py", "AUC"): "GOOD's published metric (ccu/reference/field) and a column",
+    ("ccu/book_checks.py", "n_certified"): "theorem1_check's rows for the chapter (no file)",
+}
+#: the modules that may spell them: the records, and the store (file names, config.json)
+OWNERS = ("ccu/records.py", "ccu/results.py")
+
+
+def spelled_keys(source: str) -> list[tuple[int, str]]:
+    """``(line, key)`` for every string constant in ``source`` that is one of
+    :data:`OWNED_KEYS`, and every keyword argument named like one (``dict(x, level=...)``,
+    ``d.update(certificate=...)``)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and node.value in OWNED_KEYS:
+            found.append((node.lineno, node.value))
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if name in ("dict", "update"):
+                found += [(k.value.lineno, k.arg) for k in node.keywords if k.arg in OWNED_KEYS]
+    return sorted(found)
+
+
+def test_result_keys_are_spelled_in_the_records_alone():
+    """No module of ccu/ or tools/ but the records and the store spells a key of table1.json
+    (summary, rows, certificates) or of its reference copy's provenance: each reads and
+    writes them through :mod:`ccu.records`' constants."""
+    files = sorted(ROOT.glob("ccu/**/*.py")) + sorted(ROOT.glob("tools/**/*.py"))
+    bad = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in OWNERS:
+            continue
+        for line, key in spelled_keys(path.read_text()):
+            if (rel, key) not in NOT_KEYS:
+                bad.append(f"{rel}:{line}: {key!r}")
+    assert not bad, "spell these keys with ccu.records' constants:\n" + "\n".join(bad)
+
+
+def test_the_rule_finds_keys_in_every_position():
+    source = (
+        'a = t1["methods"]\nb = row.get("TE")\nc = {"certificate": 1}\n'
+        "d = dict(x, balls_from=2)\ne.update(level=3)\nf(level=4)\n"
+    )
+    assert spelled_keys(source) == [
+        (1, "methods"), (2, "TE"), (3, "certificate"), (4, "balls_from"), (5, "level"),
+    ]  # fmt: skip
+
+
+def test_owned_keys_are_the_records_constants():
+    from ccu import records
+
+    values = {v for k, v in vars(records).items() if k.isupper() and isinstance(v, str)}
+    assert set(OWNED_KEYS) <= values
+
+
+@pytest.mark.parametrize(
+    "path", sorted(REFERENCE_RESULTS.glob("**/table1.json")), ids=lambda p: p.parent.name
+)
+def test_every_key_of_the_committed_table1_files_is_a_records_constant(path):
+    from ccu import records
+
+    values = {v for k, v in vars(records).items() if k.isupper() and isinstance(v, str)}
+    obj = json.loads(path.read_text())
+    keys = set(obj)
+    for row in obj[records.METHODS].values():
+        keys |= set(row) | set(row.get(records.CERTIFICATE, {}))
+    assert keys <= values, sorted(keys - values)
+
+
+def test_trained_json_keeps_its_fields_in_order():
+    from ccu.records import trained_record
+
+    spec = RunSpec("digits", "Base", ccu.get_profile("smoke"), 2, "cpu")
+    stamp = trained_record(spec, "cpu", True, 1.5, {"model.pt": "ab"}, 0.1)
+    assert list(stamp) == [
+        "dataset", "method", "profile", "seed", "device", "device_name", "loaded", "seconds",
+        "files", "test_error",
+    ]  # fmt: skip
+    assert stamp["profile"] == "smoke" and stamp["seed"] == 2 and stamp["loaded"] is True

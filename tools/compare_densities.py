@@ -37,6 +37,7 @@ from ccu.config import get_profile
 from ccu.data import DataNotFoundError, load_dataset
 from ccu.methods import get_method
 from ccu.plugins import PluginError, PluginNotFoundError, load_plugins
+from ccu.records import COMMIT, DEVICE, TORCH_VERSION, WALL_SECONDS_TOTAL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,14 +94,16 @@ def compare(args, prof) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     commit = reference.current_commit()
     for name, run in runs.items():
-        cfg = dict(run.config, commit=commit, device=args.device)
+        cfg = dict(run.config, **{COMMIT: commit, DEVICE: args.device})
         reference.write_method(out, name, cfg, run.metrics)
     table1 = dict(
         adv.summary,
-        commit=commit,
-        wall_seconds_total=time.perf_counter() - start,
-        device=args.device,
-        torch_version=torch.__version__,
+        **{
+            COMMIT: commit,
+            WALL_SECONDS_TOTAL: time.perf_counter() - start,
+            DEVICE: args.device,
+            TORCH_VERSION: torch.__version__,
+        },
     )
     reference.write_table1(out, table1)
     table = report.density_comparison(
