@@ -231,8 +231,8 @@ PEAK_STEPS = 40
 def density_peaks(model, centres, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) -> torch.Tensor:
     """Per ball ``d(x, centre) <= R`` (and the box), a point where the in-density is high and
     one where the confidence is high: projected ascent of ``log p_in`` from the centre in
-    whitened coordinates (float64, as :func:`ccu.testing.check_density` does), then ascent on
-    the model's confidence from that point. Returns ``(2N, ...)``: the ends of both ascents
+    whitened coordinates (float64, as :func:`ccu.density_check.check_density` does), then ascent
+    on the model's confidence from that point. Returns ``(2N, ...)``: the ends of both ascents
     (the first N, then the second N), always inside their balls and the box.
 
     A density whose upper bound is too small is found here: its bound certifies balls around

@@ -19,9 +19,9 @@ metric's balls ``d(x, x0) <= R`` are Euclidean balls ``|w - w0| <= R``. It must 
 and may override :meth:`~DensityModel.parameter_groups` (its learning rate and weight decay),
 :meth:`~DensityModel.after_step` (a constraint applied after every optimiser step),
 :meth:`~DensityModel.config` / :meth:`~DensityModel.empty` (save and load) and the Theorem 1
-declaration :attr:`~DensityModel.theorem1`. :func:`ccu.testing.check_density` tests a density
-against its ball bounds. Families register by name (:func:`register_density`); the book chapter
-*Try your own density model* walks through one.
+declaration :attr:`~DensityModel.theorem1`. :func:`ccu.density_check.check_density` tests a
+density against its ball bounds. Families register by name (:func:`register_density`); the
+book chapter *Try your own density model* walks through one.
 
 :class:`GaussianMixture` is eq. (4): ``p(x) = sum_k alpha_k exp(-d(x, mu_k)^2 / 2 sigma_k^2)``
 with ``alpha_k = w_k (2 pi sigma_k^2)^{-D/2} (det C)^{-1/2}``, a properly normalised mixture of

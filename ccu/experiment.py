@@ -25,10 +25,10 @@ from ccu import evaluate as ev
 from ccu import results as store
 from ccu.config import Profile, get_profile, train_settings
 from ccu.data import DataNotFoundError, Dataset, load_dataset, load_ood
+from ccu.density_check import UnsoundDensityError
 from ccu.methods import Method, get_method
 from ccu.records import Metrics, RunSpec, TrainerOptions
 from ccu.results import RESULTS_ROOT, CorruptResultError  # noqa: F401 - part of this API
-from ccu.testing import UnsoundDensityError
 
 
 def median(values: torch.Tensor) -> float:

@@ -9,11 +9,12 @@ import torch
 from helpers import SaturatedClassifier, random_metric
 
 import ccu
+import ccu.density_check
 from ccu import adversarial_noise as noise
 from ccu import experiment, report
 from ccu.data import load_dataset
+from ccu.density_check import DensityCheckError, check_density
 from ccu.methods import get_method
-from ccu.testing import DensityCheckError, check_density
 from ccu.train import make_optimizer
 
 
@@ -83,8 +84,9 @@ def _fitted(family, d=5, k=3, seed=0):
 def test_both_shipped_families_pass_the_checker(family):
     density, x = _fitted(family)
     report = check_density(density, centres=x[::7], max_examples=25)
-    # distinct balls (hypothesis may draw a centre and radius twice): counted once
-    grid = ccu.testing.GRID_CENTRES * ccu.testing.GRID_RADII  # the fixed grid of balls, too
+    # distinct balls (hypothesis may draw a centre and radius twice): counted once; the fixed
+    # grid of balls, too
+    grid = ccu.density_check.GRID_CENTRES * ccu.density_check.GRID_RADII
     assert report.passed and grid <= report.n_balls <= 25 + grid
     assert report.n_points > report.n_balls * 40
     assert report.max_excess_upper <= 1e-7 and report.max_excess_lower <= 1e-7
@@ -233,7 +235,7 @@ def _tiny():
 
 def test_ccu_refuses_to_certify_with_a_family_whose_bound_ignores_r(tmp_path, ignores_r):
     data, prof = _tiny()
-    with pytest.raises(ccu.testing.UnsoundDensityError) as err:
+    with pytest.raises(ccu.density_check.UnsoundDensityError) as err:
         run = experiment.run_method("digits", "CCU-ignores-r", prof, data=data, root=tmp_path)
         # before the check, this trained and certified every noise seed (radii in the 1e5s)
         noise = ccu.data.uniform_noise(10, data.spec.shape, 0)
@@ -279,7 +281,7 @@ def test_the_checker_reports_each_ball_once_with_absolute_and_relative_excess():
     )  # fmt: skip
     report = check_density(bad, centres=x[::7], max_examples=25, raise_on_failure=False)
     balls = [(b.centre, b.radius) for b in report.failed_balls]
-    grid = ccu.testing.GRID_CENTRES * ccu.testing.GRID_RADII
+    grid = ccu.density_check.GRID_CENTRES * ccu.density_check.GRID_RADII
     assert balls and len(set(balls)) == len(balls) <= report.n_balls <= 25 + grid
     line = report.failures[0]
     assert line.startswith("ball around centre ") and "nearest mean " in line

@@ -6,8 +6,9 @@ family (``CCU-diag``: :class:`ccu.DiagonalGaussianMixture`; a family registered 
 so loading needs no guessing from state-dict keys.
 
 A family that is not built in (``gmm``, ``diag``) is checked against its own ball bounds
-(:func:`ccu.testing.check_density`, a few seconds) as fitted, after training and after loading;
-if it breaks them, :class:`ccu.testing.UnsoundDensityError` refuses to certify with it.
+(:func:`ccu.density_check.check_density`, a few seconds) as fitted, after training and after
+loading; if it breaks them, :class:`ccu.density_check.UnsoundDensityError` refuses to certify
+with it.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ import torch
 from ccu.data import uniform_noise
 from ccu.data.augment import covariance_sample
 from ccu.density import GaussianMixture, get_density_family
+from ccu.density_check import UnsoundDensityError, check_density
 from ccu.diag_gmm import DiagonalGaussianMixture
 from ccu.initialisation import init_ccu
 from ccu.methods.base import BaseMethod, register_method
 from ccu.metric import Mahalanobis
 from ccu.model import CCU
-from ccu.testing import UnsoundDensityError, check_density
 
 #: the families shipped with ccu (tested in tests/): not re-checked when a CCU is trained
 BUILT_IN_FAMILIES = (GaussianMixture, DiagonalGaussianMixture)
-#: :func:`ccu.testing.check_density`'s arguments for the quick check of any other family (radii
-#: up to 1e5 whitened units: certified radii of broken bounds are often in the thousands)
+#: :func:`ccu.density_check.check_density`'s arguments for the quick check of any other family
+#: (radii up to 1e5 whitened units: certified radii of broken bounds are often in the thousands)
 QUICK_CHECK = dict(max_examples=15, radii=(1e-3, 1e5), n_directions=8, ascent_steps=20)
 #: centres of the quick check: this many training points, out-distribution points, noise seeds
 QUICK_CHECK_CENTRES = 8
@@ -43,7 +44,7 @@ def check_family(model: CCU, centres, method: str, when: str) -> None:
                 f"{method} refuses to certify: its {role}-density ({when}) breaks its own ball "
                 f"bounds, so its certificates would be false. {report.summary()}. Fix "
                 f"{type(density).__name__}.ball_bounds_whitened and test it with "
-                "ccu.testing.check_density.",
+                "ccu.density_check.check_density.",
                 report,
             )
 
