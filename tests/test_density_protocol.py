@@ -1,7 +1,10 @@
 """Bring your own density: the protocol, the second family, the checker, CCU with any family."""
 
+import doctest
 import math
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,6 +109,52 @@ def test_the_checker_catches_an_upper_bound_slightly_too_small():
     report = check_density(bad, centres=x[::7], max_examples=20, raise_on_failure=False)
     assert not report.passed and report.max_excess_upper > 1e-5
     print(report)
+
+
+def test_the_checkers_docstring_example_runs():
+    """``check_density``'s example (a passing mixture, a failing one) is checked by the suite."""
+    result = doctest.testmod(ccu.density_check, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_old_module_name_still_imports_and_warns(monkeypatch):
+    """``ccu.testing`` (the checker's first name) gives the same objects and says where they
+    went; the warning points at the import (so notebooks show it)."""
+    monkeypatch.delitem(sys.modules, "ccu.testing", raising=False)
+    with pytest.warns(DeprecationWarning, match=r"ccu\.density_check") as caught:
+        import ccu.testing as old  # an old notebook's import statement
+    assert caught[0].filename == __file__
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(ccu.density_check, name)
+    assert {"check_density", "DensityCheckReport", "UnsoundDensityError"} <= set(old.__all__)
+
+
+#: an import or a cross-reference of the old name (``ccu.testing``) in code or docs
+OLD_NAME = re.compile(
+    r"(^|[\s\"'])(import\s+ccu\.testing\b|from\s+ccu\.testing\s+import"
+    r"|from\s+ccu\s+import\s+[^\n]*\btesting\b|from\s+\.+\s*import\s+[^\n]*\btesting\b"
+    r"|from\s+\.+testing\s+import)"
+    r"|ccu\.testing\.\w",
+    re.M,
+)
+
+
+def test_nothing_in_the_library_tools_or_book_uses_the_old_module_name():
+    root = Path(__file__).resolve().parents[1]
+    files = [
+        path
+        for folder in ("ccu", "tools", "book")
+        for pattern in ("*.py", "*.ipynb", "*.md")
+        for path in sorted((root / folder).rglob(pattern))
+        if "_build" not in path.parts and path != root / "ccu" / "testing.py"
+    ]
+    assert any(path.name == "own_density.ipynb" for path in files)
+    found = [
+        f"{path.relative_to(root)}: {m.group(0).strip()}"
+        for path in files
+        for m in OLD_NAME.finditer(path.read_text())
+    ]
+    assert not found, found
 
 
 def test_a_density_from_the_docs_trains_certifies_and_passes_the_checker(tmp_path):
