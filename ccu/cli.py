@@ -29,27 +29,15 @@ import sys
 from pathlib import Path
 
 from ccu import cli_parser
-
-# re-exported: the Snakefile, tools/ and earlier callers import them from here
-from ccu.checks import (  # noqa: F401
-    MissingError,
-    UsageError,
-    check_arguments,
-    check_grid,
-    check_results_dir,
-    names,
-    parse_overrides,
-)
-from ccu.cli_parser import (  # noqa: F401 - the exit codes, part of this API
+from ccu.checks import MissingError, UsageError, check_arguments, names
+from ccu.cli_parser import (  # noqa: F401 - the exit codes, part of this API (tools/ use them)
     EXIT_CODES,
     EXIT_CORRUPT,
-    EXIT_FAILED,
     EXIT_MISSING,
     EXIT_OK,
     EXIT_STOPPED,
     EXIT_USAGE,
 )
-from ccu.reference_results import current_commit  # noqa: F401
 
 #: what a run stopped by --stop-after says last (the device script looks for exit code 75)
 STOPPED_MESSAGE = "stopped for time; run the same command again to continue"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ccu import cli
+from ccu import checks, cli
 from ccu import results as store
 from ccu.config import get_profile
 from ccu.methods import METHOD_ORDER
@@ -159,7 +159,7 @@ def test_results_must_be_a_folder_this_user_can_write(tmp_path, capsys, monkeypa
     monkeypatch.setattr(cli.os, "access", lambda p, mode: Path(p) != ro and real_access(p, mode))
     assert cli.main([*TRAIN, "--results", str(ro / "new")]) == cli.EXIT_USAGE
     assert f"({ro} is read-only to this user)" in _one_error_line(capsys)
-    cli.check_results_dir(tmp_path / "new" / "folder")  # creatable: fine
+    checks.check_results_dir(tmp_path / "new" / "folder")  # creatable: fine
     # os.access may say yes where writing fails (root on a read-only mount): the check writes
     import tempfile
 
@@ -220,17 +220,17 @@ def test_steps_without_their_inputs_say_what_to_run(tmp_path, capsys):
 
 def test_check_grid_names_the_wrong_key():
     ok = dict(datasets=["digits"], methods=["Base", "CCU"], seeds=[0, 1], profile="smoke")
-    cli.check_grid(**ok)
+    checks.check_grid(**ok)
     with pytest.raises(cli.UsageError, match="must include CCU"):
-        cli.check_grid(**dict(ok, methods=["Base"]))
+        checks.check_grid(**dict(ok, methods=["Base"]))
     with pytest.raises(cli.UsageError, match="unknown dataset 'x'.*workflow config"):
-        cli.check_grid(**dict(ok, datasets=["x"]))
+        checks.check_grid(**dict(ok, datasets=["x"]))
     with pytest.raises(cli.UsageError, match="seeds .* non-negative integers"):
-        cli.check_grid(**dict(ok, seeds=["a"]))
+        checks.check_grid(**dict(ok, seeds=["a"]))
     with pytest.raises(cli.UsageError, match="reference_seed 3"):
-        cli.check_grid(**ok, reference_seed=3)
+        checks.check_grid(**ok, reference_seed=3)
     with pytest.raises(cli.UsageError, match="cannot override"):
-        cli.check_grid(**ok, overrides={"nope": 1})
+        checks.check_grid(**ok, overrides={"nope": 1})
 
 
 def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, capsys):
