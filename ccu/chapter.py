@@ -18,8 +18,9 @@ import torch
 from ccu import plots, reference_results
 from ccu.bounds import log_ratio_bound
 from ccu.config import Profile, TrainSettings, get_profile, train_settings
-from ccu.data import Dataset, load_dataset
+from ccu.data import Dataset
 from ccu.data.images import uniform_noise
+from ccu.experiment import run_data
 from ccu.records import (
     AUPR_IN,
     AUROC,
@@ -88,7 +89,7 @@ def setup_chapter(
     try:
         prof, chosen = _check_parameters(dataset, profile, seed, device, overrides, methods)
         use_book_style()
-        data = load_dataset(dataset, seed=seed).subset(prof.n_train, prof.n_test)
+        data = run_data(dataset, prof, seed)
     except (ValueError, FileNotFoundError) as exc:
         raise _one_line_in_notebook(exc) from None
     settings = train_settings(dataset)

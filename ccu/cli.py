@@ -214,7 +214,6 @@ def cmd_run(args) -> int:
     """Every step for every (dataset, seed), one method after another; CCU first."""
     from ccu import steps
 
-    steps.check_time_flags(args.stop_after, args.budget_seconds)
     specs = [_spec(args, dataset=d, seed=args.seed[0]) for d in args.dataset]
     steps.run_all(
         specs, args.seed, args.method, _root(args), args.stop_after,

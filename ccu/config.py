@@ -83,31 +83,6 @@ def get_profile(name: str, dataset: str | None = None, **overrides) -> Profile:
     return profile
 
 
-#: fields that must be positive integers, with what they count
-_COUNTS = {
-    "epochs": "training epochs",
-    "n_test": "test points scored (null: all)",
-    "n_components": "mixture components",
-    "n_centres": "noise points to certify and attack",
-    "attack_steps": "PGD steps",
-    "attack_restarts": "restarts per noise point",
-    "ensemble": "ensemble members",
-}
-
-
-def _check_counts(profile: Profile) -> None:
-    """A ValueError naming the first field that is not a positive count (``n_centres: 0`` would
-    train every method, then find no noise point to attack)."""
-    for name, what in {**_COUNTS, "n_train": "training points (null: all)"}.items():
-        value = getattr(profile, name)
-        if name in ("n_train", "n_test") and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"{name} ({what}) must be a positive integer, not {value!r}: fix the override."
-            )
-
-
 def _check_methods(profile: Profile) -> None:
     """Profiles may name methods (``vgg_methods``): they must exist."""
     bad = sorted(m for m in profile.vgg_methods if m not in METHODS)
@@ -118,7 +93,8 @@ def _check_methods(profile: Profile) -> None:
 
 
 #: the checks :func:`get_profile` runs on every profile, in order (more may be appended)
-PROFILE_CHECKS: list[Callable[[Profile], None]] = [_check_counts, _check_methods]
+#: (the fields' types and ranges are checked by :class:`Profile` itself, ``__post_init__``)
+PROFILE_CHECKS: list[Callable[[Profile], None]] = [_check_methods]
 
 
 def train_settings(dataset: str) -> TrainSettings:

@@ -50,6 +50,12 @@ def progress_bar(iterable, desc: str, total: int | None = None):
     )
 
 
+def run_data(dataset: str, profile: Profile, seed: int = 0) -> Dataset:
+    """The data a run of ``profile`` sees: ``dataset`` drawn with ``seed``, cut to the profile's
+    ``n_train`` training and ``n_test`` test points (:meth:`ccu.data.Dataset.subset`)."""
+    return load_dataset(dataset, seed=seed).subset(profile.n_train, profile.n_test)
+
+
 @dataclass
 class RunResult:
     """A trained method with its per-sample scores and metrics."""
@@ -101,7 +107,7 @@ def run_method(
     spec = RunSpec(dataset, method, prof, seed, device, options)
     settings = train_settings(dataset)
     if data is None:
-        data = load_dataset(dataset, seed=seed).subset(prof.n_train, prof.n_test)
+        data = run_data(dataset, prof, seed)
     cls = get_method(method)
     m = cls(data.spec, settings, prof, seed=seed, device=device, **options.as_kwargs())
     files = store.MethodStore(store.method_dir(prof, dataset, method, root, seed))

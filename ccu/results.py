@@ -201,9 +201,6 @@ def atomic_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-_atomic_bytes = atomic_bytes  # the earlier, private name
-
-
 def _json_default(o):
     if isinstance(o, np.generic):
         return o.item()

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from ccu.checks import MissingError, UsageError
-from ccu.experiment import log
+from ccu.experiment import log, run_data
 from ccu.records import (
     CALLS,
     LOADED,
@@ -41,17 +41,12 @@ from ccu.records import (
     evaluation_record,
     trained_record,
 )
-from ccu.reference_results import current_commit  # noqa: F401 - provenance, part of this API
 
 
 def load_data(spec: RunSpec):
     """The run's dataset: ``spec.dataset`` drawn with ``spec.seed``, cut to the profile's
-    ``n_train``."""
-    from ccu.data import load_dataset
-
-    return load_dataset(spec.dataset, seed=spec.seed).subset(
-        spec.profile.n_train, spec.profile.n_test
-    )
+    ``n_train`` and ``n_test`` (:func:`ccu.experiment.run_data`)."""
+    return run_data(spec.dataset, spec.profile, spec.seed)
 
 
 def device_name(device: str) -> str:
@@ -395,7 +390,6 @@ __all__ = [
     "UsageError",
     "attack_dataset",
     "check_time_flags",
-    "current_commit",
     "evaluate_one",
     "guarantees_one",
     "load_data",

@@ -34,7 +34,7 @@ from ccu import results as store
 from ccu.adversarial_noise import adversarial_noise
 from ccu.cli import EXIT_CORRUPT, EXIT_MISSING, EXIT_USAGE
 from ccu.config import get_profile
-from ccu.data import DataNotFoundError, load_dataset
+from ccu.data import DataNotFoundError
 from ccu.methods import get_method
 from ccu.plugins import PluginError, PluginNotFoundError, load_plugins
 from ccu.records import COMMIT, DEVICE, TORCH_VERSION, WALL_SECONDS_TOTAL
@@ -83,7 +83,7 @@ def prepare(args):
 def compare(args, prof) -> Path:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    data = load_dataset(args.dataset, seed=args.seed).subset(prof.n_train, prof.n_test)
+    data = E.run_data(args.dataset, prof, args.seed)
     root = Path(args.results) if args.results else None
     runs = {
         m: E.run_method(args.dataset, m, prof, args.seed, args.device, data=data, root=root)

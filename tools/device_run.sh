@@ -136,8 +136,8 @@ fi
 # under the name of its training fields alone (train_label: the same unless the attack changes)
 labels=$(python3 -c 'import json, sys
 from ccu.config import get_profile
-p = get_profile(sys.argv[1], **json.loads(sys.argv[2] or "{}"))
-print(p.label, p.training_label)' "$profile" "$overrides") ||
+p = get_profile(sys.argv[1], sys.argv[3], **json.loads(sys.argv[2] or "{}"))
+print(p.label, p.training_label)' "$profile" "$overrides" "$ds") ||
   { say "bad OVERRIDES: $overrides"; exit 2; }
 read -r label train_label <<<"$labels"
 args=(run --dataset "$ds" --profile "$profile" --seed 0 --device "${DEVICE:-auto}"
