@@ -81,11 +81,28 @@ def without_machine_paths(obj):
 
 def write_method(out: Path, name: str, config: dict, metrics: dict, guarantees=None) -> None:
     """One method's ``<name>.config.json``, ``<name>.metrics.json`` and, for a certifying
-    method, ``<name>.guarantees.json`` in ``out``, as given."""
-    store.write_json(method_file(out, name, CONFIG), config)
-    store.write_json(method_file(out, name, METRICS), metrics)
+    method, ``<name>.guarantees.json`` in ``out``: as given, less machine paths
+    (:func:`without_machine_paths`) and the config's checksum (a copy adds the commit and device,
+    so the checksum would not hold)."""
+    config = {k: v for k, v in config.items() if k != store.CONFIG_CHECKSUM}
+    store.write_json(method_file(out, name, CONFIG), without_machine_paths(config))
+    store.write_json(method_file(out, name, METRICS), without_machine_paths(metrics))
     if guarantees is not None:
-        store.write_json(method_file(out, name, GUARANTEES), guarantees)
+        store.write_json(method_file(out, name, GUARANTEES), without_machine_paths(guarantees))
+
+
+def provenance(commit: str, device: str, device_name: str, wall_seconds: float) -> dict:
+    """The provenance ``table1.json`` records: commit, device (and the GPU's name), torch
+    version and the wall time of the whole run."""
+    import torch
+
+    return {
+        COMMIT: commit,
+        WALL_SECONDS_TOTAL: wall_seconds,
+        DEVICE: device,
+        DEVICE_NAME: device_name,
+        TORCH_VERSION: torch.__version__,
+    }
 
 
 def write_table1(out: Path, table1: dict) -> None:
@@ -105,7 +122,6 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     store to ``<out_dir>/<profile label>/<dataset>/``: what ``reference-results/`` holds.
     ``extra``: fields added to ``table1.json`` (``ccu run``'s times over all its calls)."""
     import numpy as np
-    import torch
 
     from ccu.adversarial_noise import AdversarialResult
     from ccu.methods import ordered
@@ -125,25 +141,14 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         seconds += config.get("wall_seconds", 0.0)
         per_method[name] = config.get("wall_seconds")
         cfg = dict(config, **{COMMIT: commit, DEVICE: device})
-        cfg.pop(store.CONFIG_CHECKSUM, None)  # the copy adds fields: its checksum would not hold
         guarantees = None
         if (d / store.GUARANTEES).exists():  # certifying methods: ccu.guarantees
-            guarantees = without_machine_paths(store.read_json(d / store.GUARANTEES))
-        metrics = without_machine_paths(store.read_json(d / store.METRICS))
-        write_method(out, name, without_machine_paths(cfg), metrics, guarantees)
+            guarantees = store.read_json(d / store.GUARANTEES)
+        write_method(out, name, cfg, store.read_json(d / store.METRICS), guarantees)
     table1 = dict(adv.summary)
     seconds += sum(r.get(ATTACK_SECONDS, 0.0) for r in adv.methods.values())
     device, device_name = sorted(devices)[0] if len(devices) == 1 else ("mixed", "mixed")
-    table1.update(
-        {
-            COMMIT: commit,
-            WALL_SECONDS_TOTAL: seconds,
-            DEVICE: device,
-            DEVICE_NAME: device_name,
-            TORCH_VERSION: torch.__version__,
-            SKIPPED_FOR_TIME: [],
-        }
-    )
+    table1.update(provenance(commit, device, device_name, seconds), **{SKIPPED_FOR_TIME: []})
     extra = dict(extra or {})
     # training time per method: the last call's (the config's), or all calls' when `ccu run`
     # knows them (a run stopped for time and resumed)

@@ -37,7 +37,8 @@ from ccu.config import get_profile
 from ccu.data import DataNotFoundError
 from ccu.methods import get_method
 from ccu.plugins import PluginError, PluginNotFoundError, load_plugins
-from ccu.records import COMMIT, DEVICE, TORCH_VERSION, WALL_SECONDS_TOTAL
+from ccu.records import COMMIT, DEVICE
+from ccu.steps import device_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,15 +97,9 @@ def compare(args, prof) -> Path:
     for name, run in runs.items():
         cfg = dict(run.config, **{COMMIT: commit, DEVICE: args.device})
         reference.write_method(out, name, cfg, run.metrics)
-    table1 = dict(
-        adv.summary,
-        **{
-            COMMIT: commit,
-            WALL_SECONDS_TOTAL: time.perf_counter() - start,
-            DEVICE: args.device,
-            TORCH_VERSION: torch.__version__,
-        },
-    )
+    seconds = time.perf_counter() - start
+    provenance = reference.provenance(commit, args.device, device_name(args.device), seconds)
+    table1 = dict(adv.summary, **provenance)
     reference.write_table1(out, table1)
     table = report.density_comparison(
         {m: r.metrics for m, r in runs.items()}, table1, {m: r.config for m, r in runs.items()}
