@@ -204,17 +204,12 @@ def p_stats_table(runs: SeedRuns) -> pd.DataFrame:
     seeds = [s for s in sorted(runs.metrics) if "CCU" in runs.metrics[s]]
     if not seeds:
         return pd.DataFrame(columns=["method", "key", "mean", "sd", "n", "paper"])
-    ccu = [Metrics.from_json(runs.metrics[s]["CCU"]) for s in seeds]
-    one = report.p_stats_row(runs.metrics[seeds[0]]["CCU"], runs.dataset, ccu[0].n_test)
-    keys = {
-        "min p(y|x) %": [100 * c.min_confidence for c in ccu],
-        "# < 1.1/M": [c.n_below_level for c in ccu],
-        "% < 1.1/M": [100 * c.n_below_level / c.n_test for c in ccu],
-    }
+    per_seed = [report.p_stats(runs.metrics[s]["CCU"]) for s in seeds]
+    paper = report.paper_p_stats(report.PAPER_DATASET.get(runs.dataset, ""))
     rows = []
-    for key, vals in keys.items():
-        paper = float(one.loc["paper", key]) if "paper" in one.index else float("nan")
-        rows.append(_row("CCU", key, vals, paper))
+    for key in report.P_STATS:
+        vals = [values[key] for values in per_seed]
+        rows.append(_row("CCU", key, vals, paper[key] if paper else float("nan")))
     return pd.DataFrame(rows)
 
 

@@ -112,27 +112,12 @@ def _rows_ood(paper: str, ref: dict, table: str, metric: str, method: str) -> li
 
 
 def _rows_pstats(paper: str, ref: dict) -> list[tuple]:
-    t = report.paper_table("table_p_stats")
-    t = t[t.dataset == paper]
-    m = ref["metrics"].get("CCU")
-    if not len(t):
+    paper_values = report.paper_p_stats(paper)
+    if paper_values is None:
         return []
-    p = t.iloc[0]
-    ours = {"min p(y|x) %": np.nan, "# < 1.1/M": np.nan, "% < 1.1/M": np.nan}
-    if m is not None:
-        record = Metrics.from_json(m)
-        n = record.n_below_level
-        ours = {
-            "min p(y|x) %": 100 * record.min_confidence,
-            "# < 1.1/M": float(n),
-            "% < 1.1/M": 100 * n / record.n_test,
-        }
-    paper_values = {
-        "min p(y|x) %": p.min_confidence_pct,
-        "# < 1.1/M": p["n_below_1.1_over_M"],
-        "% < 1.1/M": p["pct_below_1.1_over_M"],
-    }
-    return [("P_Stats", k, "CCU", float(paper_values[k]), ours[k]) for k in ours]
+    m = ref["metrics"].get("CCU")
+    ours = report.p_stats(m) if m is not None else dict.fromkeys(report.P_STATS, np.nan)
+    return [("P_Stats", k, "CCU", paper_values[k], float(ours[k])) for k in report.P_STATS]
 
 
 def comparison(root: Path | None = None) -> pd.DataFrame:

@@ -121,26 +121,41 @@ def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
     return pd.DataFrame(data).round(1)
 
 
+#: the appendix P_Stats row's columns: CCU's lowest test confidence (%), and the count and
+#: share (%) of test points below ``1.1 / M``
+P_STATS = ("min p(y|x) %", "# < 1.1/M", "% < 1.1/M")
+
+
+def p_stats(ccu_metrics: dict, n_test: int | None = None) -> dict:
+    """The P_Stats values (:data:`P_STATS`) of one run's ``metrics.json`` (``n_test``: the test
+    points scored, default the file's ``n_test``)."""
+    record = Metrics.from_json(ccu_metrics)
+    n_below = record.n_below_level
+    n_test = record.n_test if n_test is None else n_test
+    return dict(
+        zip(P_STATS, (100 * record.min_confidence, n_below, 100 * n_below / n_test), strict=True)
+    )
+
+
+def paper_p_stats(paper_dataset: str) -> dict | None:
+    """The paper's P_Stats values (:data:`P_STATS`) for one of its datasets (its own name, e.g.
+    ``"MNIST"``), None where the paper has no row."""
+    paper = paper_table("table_p_stats")
+    p = paper[paper.dataset == paper_dataset]
+    if not len(p):
+        return None
+    columns = ("min_confidence_pct", "n_below_1.1_over_M", "pct_below_1.1_over_M")
+    return {key: float(p[column].iloc[0]) for key, column in zip(P_STATS, columns, strict=True)}
+
+
 def p_stats_row(ccu_metrics: dict, dataset: str, n_test: int) -> pd.DataFrame:
     """The appendix P_Stats row: CCU's lowest test confidence and how many are below 1.1/M.
 
     The paper's Table 3; chapter *Adversarial noise* (``book/adversarial_noise.ipynb``)."""
-    paper = paper_table("table_p_stats")
-    p = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
-    record = Metrics.from_json(ccu_metrics)
-    n_below = record.n_below_level
-    ours = {
-        "min p(y|x) %": 100 * record.min_confidence,
-        "# < 1.1/M": n_below,
-        "% < 1.1/M": 100 * n_below / n_test,
-    }
-    rows = {"ours": ours}
-    if len(p):
-        rows["paper"] = {
-            "min p(y|x) %": float(p.min_confidence_pct.iloc[0]),
-            "# < 1.1/M": float(p["n_below_1.1_over_M"].iloc[0]),
-            "% < 1.1/M": float(p["pct_below_1.1_over_M"].iloc[0]),
-        }
+    rows = {"ours": p_stats(ccu_metrics, n_test)}
+    paper = paper_p_stats(PAPER_DATASET.get(dataset, ""))
+    if paper is not None:
+        rows["paper"] = paper
     return pd.DataFrame(rows).T.round(2)
 
 
