@@ -23,12 +23,12 @@ import torch
 from ccu import evaluate as ev
 from ccu import results as store
 from ccu.attacks import AttackResult, attack_batch_size, ball_attack
-from ccu.book_checks import images_inside_balls
 from ccu.bounds import (
     certified_mask,
     certified_radius,
     check_certificate,
     confidence_bound,
+    images_inside_balls,
 )
 from ccu.config import Profile, get_profile
 from ccu.data import Dataset, uniform_noise

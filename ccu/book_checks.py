@@ -19,6 +19,7 @@ import torch
 from ccu.bounds import (
     attack_certificates,
     certified_mask,
+    images_inside_balls,
     nearest_training_point,
     theorem1_terms,
 )
@@ -189,19 +190,6 @@ def corollary1_check(
             f"{out['outside']} points found outside their ball",
         )
     return out
-
-
-def images_inside_balls(metric, centres, radii, images):
-    """Which certified balls ``d(x, centre) <= radius`` hold one of ``images`` (NaN radius: an
-    uncertified centre, no ball). Chapters *Corollary 1 and the certified radius* and
-    *Adversarial noise* (:func:`ccu.adversarial_noise.adversarial_noise`'s ``images_inside_balls``).
-
-    Returns ``(inside, nearest, index)`` on the CPU: a bool mask (N,), the distance from each
-    centre to its nearest image and that image's index."""
-    nearest, idx = nearest_training_point(metric, centres.reshape(len(centres), -1), images)
-    nearest, idx = nearest.cpu(), idx.cpu()
-    radii = torch.as_tensor(radii).cpu().to(nearest)
-    return (nearest <= radii) & certified_mask(radii), nearest, idx
 
 
 def images_in_balls(model, noise, radii, data, level: float = 1.1) -> dict:

@@ -315,6 +315,20 @@ def nearest_training_point(metric, z: torch.Tensor, train_x, chunk: int = 4096):
     return best.sqrt(), arg
 
 
+def images_inside_balls(metric, centres, radii, images):
+    """Which certified balls ``d(x, centre) <= radius`` hold one of ``images`` (NaN radius: an
+    uncertified centre, no ball), by :func:`nearest_training_point`. Chapters *Corollary 1 and
+    the certified radius* (:func:`ccu.book_checks.images_in_balls`) and *Adversarial noise*
+    (:func:`ccu.adversarial_noise.adversarial_noise`'s ``images_inside_balls``).
+
+    Returns ``(inside, nearest, index)`` on the CPU: a bool mask (N,), the distance from each
+    centre to its nearest image and that image's index."""
+    nearest, idx = nearest_training_point(metric, centres.reshape(len(centres), -1), images)
+    nearest, idx = nearest.cpu(), idx.cpu()
+    radii = torch.as_tensor(radii).cpu().to(nearest)
+    return (nearest <= radii) & certified_mask(radii), nearest, idx
+
+
 def theorem1_terms(model: CCU, z, train_x, eps: float, as_printed: bool = False) -> Theorem1Terms:
     """Theorem 1's condition for each point of ``z``: see :class:`Theorem1Terms`.
 

@@ -160,7 +160,7 @@ def test_images_in_balls_counts_and_measures():
     # an uncertified centre (NaN radius) has no ball, so no image is inside it
     nan = torch.tensor([float("nan"), 1.0, float("nan")], dtype=torch.float64)
     assert book_checks.images_in_balls(model, centres, nan, _Data, level)["inside"] == 1
-    inside, nearest, idx = book_checks.images_inside_balls(
+    inside, nearest, idx = ccu.bounds.images_inside_balls(
         model.metric, centres, nan, torch.cat([_Data.train_x, _Data.test_x])
     )
     assert inside.tolist() == [False, True, False] and idx[:3].tolist() == [0, 1, 2]

@@ -15,7 +15,6 @@ from ccu.results import CONFIG_CHECKSUM
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import compare_densities  # noqa: E402
-
 from test_reference_results import MACHINE_PATH  # noqa: E402
 
 
