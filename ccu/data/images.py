@@ -1,6 +1,6 @@
 """Image helpers shared by the training out-distributions and the OOD test sets.
 
-Pixel conversions (:func:`chw_float`, :func:`grey_resized`) and seeded uniform-noise images
+Pixel conversions (:func:`chw_float`, :func:`grey_resized`, :func:`fit_to_shape`) and seeded uniform-noise images
 (:func:`uniform_noise`: the Uniform OOD test set, and part of several training
 out-distributions). Images are float32 (N, C, H, W) in [0, 1].
 """
@@ -32,3 +32,14 @@ def grey_resized(x: torch.Tensor, size: int) -> torch.Tensor:
     if grey.shape[-1] != size:
         grey = TF.resize(grey, [size, size], antialias=True)
     return grey.clamp(0.0, 1.0)
+
+
+def fit_to_shape(x: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """Colour images ``x`` (N, 3, H, W) as images of the in-distribution's ``shape``: as they
+    are where the shapes agree, grey-scaled and resized (:func:`grey_resized`) for grey data;
+    ``what`` names the images in the error for any other shape."""
+    if x.shape[1:] == tuple(shape):
+        return x
+    if len(shape) == 3 and shape[0] == 1:
+        return grey_resized(x, shape[-1])
+    raise ValueError(f"{what} have shape {tuple(x.shape[1:])}; the in-distribution has {shape}.")

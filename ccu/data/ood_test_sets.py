@@ -21,7 +21,7 @@ from scipy.ndimage import gaussian_filter
 
 from ccu.data.archives import TINY_IMAGENET_FILES, tiny_imagenet
 from ccu.data.cifar10 import cifar10_split
-from ccu.data.images import chw_float, grey_resized, uniform_noise
+from ccu.data.images import chw_float, fit_to_shape, grey_resized, uniform_noise
 from ccu.data.sources import DataNotFoundError, data_root, mirror_available, torchvision_dataset
 
 #: The ACET paper draws the Noise set's smoothing width from this range.
@@ -72,17 +72,6 @@ class OODSpec:
     load: Callable
 
 
-def _fit(x: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
-    """Colour 32x32 images to the in-distribution's shape (grey-scaled and resized if grey)."""
-    if x.shape[1:] == shape:
-        return x
-    if shape[0] == 1 and len(shape) == 3:
-        return grey_resized(x, shape[-1])
-    raise ValueError(
-        f"OOD set {name!r} has shape {tuple(x.shape[1:])}, the in-distribution {shape}."
-    )
-
-
 def _uniform(data, seed, count, root):
     return uniform_noise(count, data.spec.shape, seed), "generated", "Uniform"
 
@@ -106,7 +95,11 @@ def _grcifar10(data, seed, count, root):
 
 def _cifar10(data, seed, count, root):
     cifar = _cifar10_test(root)
-    return _fit(cifar.x, data.spec.shape, "cifar10")[:count], cifar.source, "CIFAR10"
+    return (
+        fit_to_shape(cifar.x, data.spec.shape, "OOD set 'cifar10' images")[:count],
+        cifar.source,
+        "CIFAR10",
+    )
 
 
 def _torchvision(name: str, label: str):
@@ -171,7 +164,9 @@ def _imagenet_minus(data, seed, count, root):
             f"archive {TINY_IMAGENET_FILES['test']} in the data root, $CCU_OFFLINE_DATA or "
             "../shared/data."
         )
-    x = _fit(chw_float(tiny_imagenet("test", root)), data.spec.shape, "imagenet-")[:count]
+    x = fit_to_shape(
+        chw_float(tiny_imagenet("test", root)), data.spec.shape, "OOD set 'imagenet-' images"
+    )[:count]
     return (
         x,
         f"offline mirror {TINY_IMAGENET_FILES['test']} resized to 32x32 (ODIN's Imagenet "

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ccu.data.archives import CIFAR10_JPEG_FILE, TINY_IMAGENET_FILES, tiny_imagenet
 from ccu.data.cifar10 import cifar10_available, cifar10_split
-from ccu.data.images import chw_float, grey_resized, uniform_noise
+from ccu.data.images import chw_float, fit_to_shape, grey_resized, uniform_noise
 from ccu.data.sources import CorruptDataError, DataNotFoundError, data_root, mirror_available
 
 TINY_IMAGES_FILE = "tiny_images.bin"
@@ -249,11 +249,7 @@ def random_300k(n: int, seed: int, path=None, root=None, exclude=None, download:
 def as_images(x_hwc: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
     """uint8 (N, 32, 32, 3) to float32 images of ``shape`` (grey-scaled and resized if needed)."""
     x = torch.from_numpy(x_hwc.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
-    if shape[0] == 1:
-        return grey_resized(x, shape[-1])
-    if x.shape[1:] != shape:
-        raise ValueError(f"out-distribution images are {tuple(x.shape[1:])}, the task {shape}.")
-    return x
+    return fit_to_shape(x, shape, "out-distribution images")
 
 
 # ------------------------------------------------- the stand-ins of the toy and subset datasets
