@@ -1,13 +1,19 @@
-"""Random CCU models for the tests (float64, so that tolerances can be tiny)."""
+"""Random CCU models for the tests (float64, so that tolerances can be tiny), and the pattern
+of a machine's path that committed results must not hold."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
 
 import ccu
+
+#: a machine's path: a token starting with / (not inside a word, a number or a URL), a drive
+#: letter, or one of the usual home/work/temporary folders
+MACHINE_PATH = re.compile(r"(?<![\w.:/)\]}>-])/[\w.-]+|\b[A-Za-z]:[\\/]|/work/|/home/|/tmp/")
 
 
 class SaturatedClassifier(nn.Module):

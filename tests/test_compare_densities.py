@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import MACHINE_PATH
 
 from ccu import reference_results
 from ccu.cli import EXIT_MISSING, EXIT_USAGE
@@ -15,7 +16,6 @@ from ccu.results import CONFIG_CHECKSUM
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import compare_densities  # noqa: E402
-from test_reference_results import MACHINE_PATH  # noqa: E402
 
 
 def test_the_reference_writer_drops_machine_paths_and_the_checksum(tmp_path):

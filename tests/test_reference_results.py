@@ -1,12 +1,12 @@
 """The committed reference results: complete, consistent and readable by the chapters."""
 
 import json
-import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import MACHINE_PATH
 
 import ccu
 from ccu import chapter, report
@@ -95,11 +95,6 @@ def test_reference_profiles_put_the_paper_first_and_label_every_run(tmp_path):
     assert all(r["dataset"] == "mnist-offline" for r in runs.values())
     tables = chapter.reference_ood_tables({"mnist-offline (paper)": runs["mnist-offline (paper)"]})
     assert len(tables) == 2  # AUROC and AUPR-In, with the paper's values looked up by dataset
-
-
-#: a machine's path: a token starting with / (not inside a word, a number or a URL), a drive
-#: letter, or one of the usual home/work/temporary folders
-MACHINE_PATH = re.compile(r"(?<![\w.:/)\]}>-])/[\w.-]+|\b[A-Za-z]:[\\/]|/work/|/home/|/tmp/")
 
 
 def _committed(*folders):
