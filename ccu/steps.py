@@ -53,7 +53,7 @@ def device_name(device: str) -> str:
     """The GPU's name for a CUDA device, ``"cpu"`` otherwise."""
     import torch
 
-    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
 
 
 def _run(spec: RunSpec, root=None, data=None, on_epoch_end=None):

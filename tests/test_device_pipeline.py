@@ -304,3 +304,15 @@ def test_gan_resumes_exactly_from_its_epoch_checkpoint(tmp_path, killed_after):
         full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_recorded_gpu_name_is_the_named_devices(monkeypatch):
+    """``trained.json`` and ``table1.json`` name the GPU the run used: ``cuda:1``'s, not the
+    current device's."""
+    from ccu.steps import device_name
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: asked.append(d) or "GPU")
+    assert device_name("cpu") == "cpu" and asked == []
+    assert device_name("cuda:1") == "GPU" and asked[-1] == torch.device("cuda:1")
+    assert device_name("cuda") == "GPU" and asked[-1] == torch.device("cuda")
