@@ -108,8 +108,8 @@ def _torchvision(name: str, label: str):
         x = torch.from_numpy(x)
         if x.shape[1:] != data.spec.shape:
             raise ValueError(
-                f"OOD set {name!r} has shape {tuple(x.shape[1:])}, "
-                f"the in-distribution {data.spec.shape}."
+                f"OOD set {name!r} images have shape {tuple(x.shape[1:])}; "
+                f"the in-distribution has {data.spec.shape}."
             )
         return x[:count], source, label
 
