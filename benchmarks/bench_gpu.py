@@ -380,12 +380,12 @@ def main(argv=None):
         if kind == "resnet18" and args.small:
             args.n_train = min(args.n_train, 1000)
         result[kind] = bench_network(kind, args, device)
+        if args.out:  # after each network: a run stopped by a time limit keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     for line in summary(result):
         print(line)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
