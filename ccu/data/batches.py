@@ -133,4 +133,4 @@ class PairedLoader:
         return {"gen": self.gen.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.gen.set_state(state["gen"])
+        self.gen.set_state(state["gen"].cpu())  # a checkpoint loaded onto a GPU holds it there

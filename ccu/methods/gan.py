@@ -147,7 +147,7 @@ class GANStep(EpochStep):
     def load_state_dict(self, state: dict) -> None:
         for name, opt in self.opts.items():
             opt.load_state_dict(state["optimizers"][name])
-        self.noise.set_state(state["noise"])
+        self.noise.set_state(state["noise"].cpu())  # loaded onto a GPU, the state is there
 
     def run(self, epoch: int) -> EpochResult:
         clf, gen, disc, beta = self.clf, self.gen, self.disc, self.beta
