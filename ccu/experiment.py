@@ -138,7 +138,7 @@ def run_method(
                 options=options, on_epoch_end=on_epoch_end,
             )  # fmt: skip
             m.build_from_base(base.method, data)
-        else:
+        elif not m.build_for_resume(files.checkpoint):  # resuming: no refit of what it will load
             m.build(data)
         history = m.fit(data, checkpoint=files.checkpoint, on_epoch_end=on_epoch_end)
         config["train_seconds"] = time.perf_counter() - start

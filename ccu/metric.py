@@ -94,10 +94,18 @@ class Mahalanobis(nn.Module):
         """The Euclidean metric (``C = I``) in ``dim`` dimensions."""
         return cls(torch.ones(dim, dtype=torch.float64), torch.eye(dim, dtype=torch.float64))
 
-    def _load_from_state_dict(self, *args, **kwargs):
-        # Loading copies into the buffers in place (same data pointers): drop the cached casts.
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Loading copies into the buffers: drop the cached casts.
         self._cache = {}
-        super()._load_from_state_dict(*args, **kwargs)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        # ... and take the saved buffers' layout: eigh's eigenvectors are column-major, an
+        # identity metric's are not, and a model rebuilt empty and loaded (a resumed run) must
+        # save the same bytes as the fitted one (buffers are in no optimiser: safe to replace)
+        for name, buf in self._buffers.items():
+            saved = state_dict.get(prefix + name)
+            if buf is not None and saved is not None and saved.shape == buf.shape:
+                self._buffers[name] = torch.empty_like(saved, dtype=buf.dtype, device=buf.device)
+                self._buffers[name].copy_(buf)
 
     # ------------------------------------------------------------------ maps
     @property

@@ -204,9 +204,10 @@ class TimeBox:
 
     @property
     def on_epoch_end(self):
-        """:meth:`ccu.deadline.Deadline.check` for the trainer's ``on_epoch_end`` (stop after
-        an epoch when another as long would end past the deadline); None without a deadline."""
-        return None if self.deadline is None else self.deadline.check
+        """The deadline's :meth:`ccu.deadline.Deadline.epoch_callback` for the trainer's
+        ``on_epoch_end`` (stop after an epoch when another as long would end past the deadline);
+        None without a deadline."""
+        return None if self.deadline is None else self.deadline.epoch_callback()
 
     def stop_before(self, what: str) -> None:
         if self.deadline is None:

@@ -20,7 +20,7 @@ Every training shares one epoch loop, :func:`run_epochs`: it resumes from a chec
 saves the checkpoint and then calls ``on_epoch_end(epochs done, epochs)``. The trainer's step
 is one model and one optimiser with an :class:`Objective`; GAN (:mod:`ccu.methods.gan`) plugs
 in its own three networks. ``ccu run --stop-after`` passes its deadline's check
-(:meth:`ccu.deadline.Deadline.check`) as ``on_epoch_end``.
+(:meth:`ccu.deadline.Deadline.epoch_callback`) as ``on_epoch_end``.
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ def run_epochs(
     on_epoch_end: EpochCallback | None = None,
     progress: bool = True,
     desc: str = "train",
+    info: dict | None = None,
 ) -> History:
     """The epoch loop of every training (Base, CCU and the methods on :class:`Trainer`; GAN):
     ``step`` for each of the ``epochs`` epochs, the per-epoch means into a :class:`History`.
@@ -135,13 +136,22 @@ def run_epochs(
     finding that file resumes after its last epoch: a killed run ends with the same weights as
     an uninterrupted one (on the CPU). ``on_epoch_end(epochs done, epochs)`` is called after
     every epoch, once its checkpoint is saved; it may stop the training by raising (``ccu run
-    --stop-after`` passes :meth:`ccu.deadline.Deadline.check`), and the same call again resumes
-    from that checkpoint."""
+    --stop-after`` passes :meth:`ccu.deadline.Deadline.epoch_callback`), and the same call again
+    resumes from that checkpoint. A callback with a ``before_epochs()`` method has it called
+    once before the first epoch of this call (:class:`ccu.deadline.EpochDeadline` starts timing
+    there).
+
+    ``info`` (a method's :meth:`ccu.methods.Method.checkpoint_info`) is saved in every
+    checkpoint as ``method_info``: what a resumed run needs to rebuild the model without
+    refitting it."""
     hist, start = History(), 0
     if checkpoint is not None and Path(checkpoint).exists():
         state, start, hist = resume_training_state(checkpoint, epochs, model, loader, device)
         step.load_state_dict(state)
     bar = tqdm(range(start, epochs), disable=not progress, desc=desc, initial=start, total=epochs)
+    before_epochs = getattr(on_epoch_end, "before_epochs", None)
+    if before_epochs is not None:
+        before_epochs()
     for epoch in bar:
         result = step.run(epoch)
         hist.loss.append(result.loss_sum / result.n)
@@ -149,7 +159,7 @@ def run_epochs(
         hist.constraint_gap.extend(result.constraint_gaps)
         bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
         if checkpoint is not None:
-            extra = step.state_dict()
+            extra = step.state_dict() | ({"method_info": info} if info else {})
             save_training_state(checkpoint, epoch + 1, epochs, model, loader, hist, device, **extra)
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, epochs)
@@ -210,6 +220,7 @@ class Trainer:
         checkpoint: str | Path | None = None,
         objective: Objective | None = None,
         on_epoch_end: EpochCallback | None = None,
+        info: dict | None = None,
     ) -> History:
         """Train ``model`` on ``data`` with :func:`run_epochs`. With ``checkpoint``, the model,
         optimiser, data-order and RNG states are saved after every epoch, and a run finding
@@ -219,7 +230,8 @@ class Trainer:
 
         ``objective`` (default: eq. (6) for a CCU model, cross-entropy otherwise) maps
         ``(model, x_in, y_in, x_out, epoch)`` to ``(loss, logits of x_in)``; its attribute
-        ``uses_out`` says whether it needs out-batches."""
+        ``uses_out`` says whether it needs out-batches. ``info`` goes into every checkpoint
+        (:func:`run_epochs`)."""
         model.to(self.device).train()
         opt = make_optimizer(model, self.settings)
         milestones = sorted({max(1, round(m * self.epochs)) for m in self.settings.milestones})
@@ -245,6 +257,7 @@ class Trainer:
             hist = run_epochs(
                 step, model, loader, self.epochs, self.device, checkpoint=checkpoint,
                 on_epoch_end=on_epoch_end, progress=self.progress, desc=f"train {data.name}",
+                info=info,
             )  # fmt: skip
         model.eval()
         return hist

@@ -316,3 +316,33 @@ def test_the_recorded_gpu_name_is_the_named_devices(monkeypatch):
     assert device_name("cpu") == "cpu" and asked == []
     assert device_name("cuda:1") == "GPU" and asked[-1] == torch.device("cuda:1")
     assert device_name("cuda") == "GPU" and asked[-1] == torch.device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a lent one)")
+@pytest.mark.parametrize("method", ["Base", "GAN"])
+def test_a_run_resumes_from_its_checkpoint_on_a_gpu(tmp_path, method):
+    """A checkpoint loaded with ``map_location="cuda"`` holds the loader's (and GAN's noise)
+    generator state on the GPU; ``set_state`` takes a CPU ByteTensor (the first paper run on an
+    H100 stopped with a TypeError when it resumed)."""
+    from ccu.methods import get_method
+
+    data = _digits(200)
+    prof = ccu.get_profile("smoke", epochs=2, n_train=200)
+
+    def fresh():
+        m = get_method(method)(data.spec, ccu.train_settings("digits"), prof, device="cuda")
+        m.progress = False
+        m.build(data)
+        return m
+
+    ckpt = tmp_path / "checkpoint.pt"
+
+    def stop_after_first(done, epochs):
+        if done == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fresh().fit(data, checkpoint=ckpt, on_epoch_end=stop_after_first)
+    done = []
+    hist = fresh().fit(data, checkpoint=ckpt, on_epoch_end=lambda d, e: done.append(d))
+    assert done == [2] and len(hist.loss) == 2

@@ -40,7 +40,7 @@
 #   After EVERY call, here: python tools/device_state.py absorb <files_at> --stage mnist-paper
 #      Each call sends back, besides the log and <stage>.tgz, the state it made that earlier
 #      calls have not sent (trained models, epoch checkpoints; <stage>.state-*.part, at most
-#      44 MiB a call, small and finished things first) and <stage>.ledger.json; absorb keeps
+#      what fits beside the other files of a call, small and finished things first) and <stage>.ledger.json; absorb keeps
 #      them in .devstate/<stage>/ (ignored). A later lease on a fresh machine resumes from them
 #      instead of starting over: `python tools/device_state.py plan --stage mnist-paper
 #      --dataset mnist` prints the calls and their carry lists (data parts, the ledger, state

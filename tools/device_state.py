@@ -9,7 +9,8 @@ run's results folder travels in pieces, and a ledger says which pieces exist:
   the stage's results folders (trained models, epoch checkpoints, scores, JSON) that has not been
   sent yet in this lease or an earlier one (the carried ledger says which) is packed, small and
   finished things first, into one ``tar.gz`` split into parts of at most ``--part-mib`` (15 MiB)
-  in ``$OUT``, as many as ``--limit-mib`` allows; the rest waits for the next call. It writes
+  in ``$OUT``, as many as fit beside what is already there (64 MiB and 8 files a call, the
+  ledger counted; ``--limit-mib`` caps it further); the rest waits for the next call. It writes
   ``$OUT/<stage>.ledger.json``: the archive, its parts, every file sent (path, bytes, sha256)
   and what is still pending on the device.
 * ``absorb`` (here, after every call): moves the parts into ``.devstate/<stage>/`` (git-ignored),
@@ -43,6 +44,10 @@ from pathlib import Path
 from pack_data import _sha256  # the same stdlib-only sha256 (tools/ is this script's folder)
 
 MIB = 1 << 20
+#: what one call brings back from $OUT: at most 8 files, 64 MiB together (16 MiB each)
+OUT_FILES, OUT_MIB = 8, 64.0
+#: the archive's gzip and tar overhead over the raw bytes, and the log's growth after sending
+ARCHIVE_SLACK, RESERVE_MIB = 1.01, 1.0
 REPO = Path(__file__).resolve().parents[1]
 LEDGER = "ledger.json"
 RESTORED = ".restored.json"  # in the results folder: the archives already unpacked there
@@ -96,8 +101,22 @@ def collect(results: Path, names: list[str]) -> dict[str, dict]:
     return files
 
 
+def room(out: Path, part_mib: float, limit_mib: float | None = None) -> float:
+    """The raw bytes of state one call can still send: what is left of $OUT's 64 MiB and 8
+    files beside the files already there, one file kept for the ledger and a reserve for the
+    log, at most ``limit_mib``. (A LeNet CCU checkpoint of the full MNIST is 53 MiB: a fixed
+    44 MiB never sent it.)"""
+    present = [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else []
+    used = sum(p.stat().st_size for p in present)
+    parts = OUT_FILES - len(present) - 1  # the ledger
+    free = min(OUT_MIB * MIB - used, parts * part_mib * MIB) - RESERVE_MIB * MIB
+    if limit_mib is not None:
+        free = min(free, limit_mib * MIB)
+    return max(0.0, free / ARCHIVE_SLACK)
+
+
 def send(results: Path, names, stage: str, out: Path, ledger_path: Path | None,
-         limit_mib: float, part_mib: float, log=print) -> dict:  # fmt: skip
+         limit_mib: float | None, part_mib: float, log=print) -> dict:  # fmt: skip
     """Pack what the ledger has not got yet into ``out`` (see the module docstring)."""
     ledger = _read(ledger_path, empty_ledger(stage)) if ledger_path else empty_ledger(stage)
     here = results / f".{stage}.sent.json"  # sent earlier in this lease (warm machine)
@@ -105,9 +124,9 @@ def send(results: Path, names, stage: str, out: Path, ledger_path: Path | None,
     have = {**ledger.get("files", {}), **sent_here}
     files = collect(results, list(names))
     new = {r: f for r, f in files.items() if have.get(r, {}).get("sha256") != f["sha256"]}
-    chosen, total = [], 0
+    chosen, total, free = [], 0, room(out, part_mib, limit_mib)
     for rel in sorted(new, key=lambda r: _priority(r, new[r]["bytes"])):
-        if total + new[rel]["bytes"] > limit_mib * MIB:
+        if total + new[rel]["bytes"] > free:
             continue
         chosen.append(rel)
         total += new[rel]["bytes"]
@@ -279,7 +298,12 @@ def main(argv=None) -> int:
     s.add_argument("--stage", required=True)
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--ledger", type=Path, help="the carried .devstate/<stage>/ledger.json")
-    s.add_argument("--limit-mib", type=float, default=44.0)
+    s.add_argument(
+        "--limit-mib",
+        type=float,
+        default=None,
+        help="at most this many MiB of state (default: the room left in OUT)",
+    )
     s.add_argument("--part-mib", type=float, default=15.0)
     a = sub.add_parser("absorb", help="here: keep a call's parts and ledger in .devstate")
     a.add_argument("files_at", type=Path)

@@ -84,6 +84,17 @@ class Method:
     def skeleton(self, state: dict) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def checkpoint_info(self) -> dict:
+        """What :meth:`build_for_resume` needs, saved in every epoch checkpoint (none here)."""
+        return {}
+
+    def build_for_resume(self, checkpoint) -> bool:
+        """Build an empty model for the epoch checkpoint at ``checkpoint`` to fill, when the
+        checkpoint records how (:meth:`checkpoint_info`); False when :meth:`build` is needed
+        (here: always). A method whose :meth:`build` is slow (CCU fits its mixtures) skips it
+        when it resumes."""
+        return False
+
     def _require_model(self) -> nn.Module:
         if self.model is None:
             raise RuntimeError(f"{self.name}: build() or load_state_dict() first.")
@@ -117,6 +128,7 @@ class Method:
             checkpoint=checkpoint,
             objective=self.objective(),
             on_epoch_end=on_epoch_end,
+            info=self.checkpoint_info(),
         )
 
     def trainer(self, seed: int | None = None) -> Trainer:

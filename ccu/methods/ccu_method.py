@@ -13,6 +13,8 @@ with it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from ccu.data import uniform_noise
@@ -24,6 +26,7 @@ from ccu.initialisation import init_ccu
 from ccu.methods.base import BaseMethod, register_method
 from ccu.metric import Mahalanobis
 from ccu.model import CCU
+from ccu.train import load_checkpoint
 
 #: the families shipped with ccu (tested in tests/): not re-checked when a CCU is trained
 BUILT_IN_FAMILIES = (GaussianMixture, DiagonalGaussianMixture)
@@ -55,6 +58,7 @@ class CCUMethod(BaseMethod):
 
     name = "CCU"
     density = "gmm"  # the density family of both densities
+    _resumed = False  # built by build_for_resume: the epoch checkpoint fills the model
 
     @classmethod
     def with_density(cls, family) -> type[CCUMethod]:
@@ -99,8 +103,29 @@ class CCUMethod(BaseMethod):
         centres = torch.cat([c.reshape(len(c), -1).float() for c in centres])
         check_family(model, centres.to(model.metric.whitening.device), self.name, when)
 
+    def checkpoint_info(self) -> dict:
+        """The density family and shapes (as in :meth:`state_dict`): a resumed run builds an
+        empty model from them (:meth:`build_for_resume`) instead of refitting the mixtures."""
+        return {"densities": self._densities_info()}
+
+    def build_for_resume(self, checkpoint) -> bool:
+        """An empty CCU model (:meth:`skeleton`) for the epoch checkpoint at ``checkpoint``,
+        which then fills it: no metric or mixture fit (sklearn's EM on the full MNIST takes a
+        minute on a GPU machine's CPU, repeated by every call of a time-boxed run). False
+        without a checkpoint or with one that does not record its densities."""
+        if checkpoint is None or not Path(checkpoint).exists():
+            return False
+        state = load_checkpoint(Path(checkpoint), torch.device("cpu"), self.profile.epochs)
+        info = (state.get("method_info") or {}).get("densities")
+        if info is None:
+            return False
+        self.skeleton({"densities": info})
+        self._resumed = True
+        return True
+
     def fit(self, data, checkpoint=None, on_epoch_end=None):
-        self.check_densities(data, "as fitted, before training")
+        if not self._resumed:  # a resumed model's family was checked when its training began
+            self.check_densities(data, "as fitted, before training")
         history = super().fit(data, checkpoint=checkpoint, on_epoch_end=on_epoch_end)
         self.check_densities(data, "after training")
         return history
@@ -110,15 +135,18 @@ class CCUMethod(BaseMethod):
         self.check_densities(None, "as loaded")
 
     def state_dict(self) -> dict:
-        model = self._require_model()
         state = super().state_dict()
-        state["densities"] = {
+        state["densities"] = self._densities_info()
+        return state
+
+    def _densities_info(self) -> dict:
+        model = self._require_model()
+        return {
             "family": self.density,
             "dim": model.dim,
             "in": model.density_in.config(),
             "out": model.density_out.config(),
         }
-        return state
 
     def skeleton(self, state: dict) -> None:
         """An empty CCU model with the saved family and shapes (the state dict then fills it)."""
