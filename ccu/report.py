@@ -322,3 +322,52 @@ def pipeline_benchmarks(directory: Path | None = None) -> pd.DataFrame:
     names = ["device", "network", "method"]
     index = pd.MultiIndex.from_tuples(index, names=names) if index else None
     return pd.DataFrame(rows, columns=columns, index=index)
+
+
+#: issue 19's speed targets for an H200, as (label, network, what, bound, at most): the epochs
+#: at full size (60,000 + 60,000 MNIST-sized, 50,000 + 50,000 CIFAR-sized images)
+GPU_TARGETS = (
+    ("LeNet CCU epoch (s)", "lenet", "ccu_epoch_s", 2.0, True),
+    ("ResNet18 CCU epoch (s)", "resnet18", "ccu_epoch_s", 10.0, True),
+    ("ResNet18 CCU epoch, new / old pipeline", "resnet18", "ccu_speedup", 5.0, False),
+    ("LeNet CCU step / Base step", "lenet", "step_ratio", 1.2, True),
+    ("ResNet18 CCU step / Base step", "resnet18", "step_ratio", 1.2, True),
+    ("ResNet18 attack 200 x 50 x 500 (s)", "resnet18", "attack_s", 300.0, True),
+)
+
+
+def gpu_benchmark_targets(directory: Path | None = None) -> pd.DataFrame:
+    """The committed GPU runs of ``benchmarks/bench_gpu.py`` against the speed targets
+    (:data:`GPU_TARGETS`; chapter *Training*): one row per device and target with the measured
+    value, the target and whether it is met. A CCU step sees 128 in- and 128 out-images, a
+    Base step 128: the step ratio is per step. An attack timed on fewer seeds than 200 is
+    scaled to 200 (the seeds are independent batches of restarts) and says so. Empty when no
+    GPU run is committed (CPU runs have no targets)."""
+    rows, index = [], []
+    for path in sorted(Path(directory or BENCHMARKS).glob("bench_gpu_*.json")):
+        result = json.loads(path.read_text())
+        if result["device"].startswith("CPU"):
+            continue
+        for label, kind, what, bound, at_most in GPU_TARGETS:
+            r = result.get(kind)
+            if r is None:
+                continue
+            note = ""
+            if what == "ccu_epoch_s":
+                value = r["CCU"]["new_epoch_s"]
+            elif what == "ccu_speedup":
+                value = r["CCU"].get("speedup", np.nan)
+            elif what == "step_ratio":
+                value = r["ccu_over_base_step"]
+            else:
+                attack = r.get("attack")
+                if attack is None:
+                    continue
+                value = attack["seconds"] * 200 / attack["seeds"]
+                if attack["seeds"] != 200:
+                    note = f"scaled linearly from {attack['seeds']} seeds"
+            met = value <= bound if at_most else value >= bound
+            index.append((result["device"], label))
+            rows.append([value, ("<= " if at_most else ">= ") + f"{bound:g}", bool(met), note])
+    index = pd.MultiIndex.from_tuples(index, names=["device", "target"]) if index else None
+    return pd.DataFrame(rows, columns=["measured", "target (H200)", "met", "note"], index=index)

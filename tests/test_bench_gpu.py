@@ -31,3 +31,35 @@ def test_the_committed_timings_are_found_by_the_training_chapter():
     table = report.pipeline_benchmarks()
     assert {"lenet", "resnet18"} <= set(table.index.get_level_values("network")) and len(table) >= 4
     assert (table["speed-up"] > 0).all() and (table["loader speed-up"] > 1).all()
+
+
+def test_gpu_runs_are_judged_against_the_targets(tmp_path):
+    import json
+
+    from ccu import report
+
+    committed = report.gpu_benchmark_targets()
+    assert len(committed) >= 6 and set(committed.index.get_level_values("device")) >= {
+        "NVIDIA H100 80GB HBM3"
+    }
+    # a run of its own: CPU runs have no targets; the attack is scaled to 200 seeds
+    row = {"new_epoch_s": 1.5, "speedup": 6.0}
+    gpu = {
+        "device": "GPU X",
+        "resnet18": {
+            "CCU": dict(row, new_epoch_s=12.0),
+            "ccu_over_base_step": 1.1,
+            "attack": {"seeds": 20, "restarts": 50, "steps": 500, "seconds": 31.0},
+        },
+        "lenet": {"CCU": row, "ccu_over_base_step": 2.0},
+    }
+    (tmp_path / "bench_gpu_x.json").write_text(json.dumps(gpu))
+    (tmp_path / "bench_gpu_cpu.json").write_text(json.dumps({**gpu, "device": "CPU x86_64"}))
+    t = report.gpu_benchmark_targets(tmp_path).droplevel("device")
+    assert len(t) == 6
+    assert not t.loc["ResNet18 CCU epoch (s)", "met"]
+    assert t.loc["LeNet CCU epoch (s)", "met"] and t.loc["ResNet18 CCU step / Base step", "met"]
+    assert t.loc["ResNet18 CCU epoch, new / old pipeline", "met"]
+    assert not t.loc["LeNet CCU step / Base step", "met"]
+    attack = t.loc["ResNet18 attack 200 x 50 x 500 (s)"]
+    assert attack["measured"] == 310.0 and not attack["met"] and "20 seeds" in attack["note"]
