@@ -120,7 +120,10 @@ def cmd_train(args) -> int:
     from ccu.records import LOADED, SECONDS, TEST_ERROR
 
     spec = _spec(args)
-    stamp = steps.train_one(spec, _root(args))
+    if args.stop_after is None:
+        stamp = steps.train_one(spec, _root(args))
+    else:
+        stamp = steps.train_timeboxed(spec, args.stop_after, _root(args))
     how = "loaded" if stamp[LOADED] else "trained"
     print(
         f"{args.method} on {args.dataset} (profile {spec.profile.name}, seed {args.seed}): {how} "

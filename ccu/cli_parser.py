@@ -124,6 +124,15 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
                 help="also certify balls around every OOD test set and compute the guaranteed "
                 "AUC over l_inf / l_2 balls (CCU, CCU-<family>; writes guarantees.json)",
             )
+        if name == "train":
+            p.add_argument(
+                "--stop-after",
+                type=float,
+                metavar="SECONDS",
+                help="stop after a saved epoch once another would end past this many seconds, "
+                "with exit code 75; the same command continues (tools/device_run.sh runs "
+                "several at once on one GPU); the wall time goes into run_times.json",
+            )
         p.set_defaults(func=func)
 
     p = sub.add_parser("tables", parents=[common], help="the paper's tables, mean ± sd over seeds")

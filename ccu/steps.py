@@ -221,12 +221,21 @@ class TimeBox:
 class RunTimes:
     """``run_times.json`` of one (profile, dataset, seed) in the results store: the wall time
     of each method's training summed over the calls that worked on it (a run stopped for time
-    and resumed trains a method in several calls), and the calls since the run last finished."""
+    and resumed trains a method in several calls), and the calls since the run last finished.
+    Several processes may train methods of one run at once (``ccu train --stop-after`` in the
+    lanes of ``tools/device_run.sh``): every update reads the file again and writes it under a
+    file lock, so none loses another's times."""
 
     def __init__(self, directory: Path):
         from ccu import results as store
 
         self.path = Path(directory) / store.RUN_TIMES
+        self._read()
+        self.start = time.perf_counter()
+
+    def _read(self) -> None:
+        from ccu import results as store
+
         try:
             saved = store.read_json(self.path) if self.path.exists() else {}
             problem = None if isinstance(saved, dict) else f"a JSON {type(saved).__name__}"
@@ -241,15 +250,22 @@ class RunTimes:
         self.methods: dict = saved.get(RUN_TIMES_METHODS, {})
         self.pending: dict = saved.get(RUN_TIMES_PENDING, {})
         self.calls: list = saved.get(CALLS, [])
-        self.start = time.perf_counter()
+
+    def _locked(self):
+        from filelock import FileLock
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(f"{self.path}.lock")
 
     def method(self, name: str, seconds: float, finished: bool) -> None:
         """Count ``seconds`` spent on ``name``: a finished training, or an attempt cut short."""
-        if finished:
-            self.methods[name] = seconds + self.pending.pop(name, 0.0)
-        else:
-            self.pending[name] = self.pending.get(name, 0.0) + seconds
-        self._write()
+        with self._locked():
+            self._read()
+            if finished:
+                self.methods[name] = seconds + self.pending.pop(name, 0.0)
+            else:
+                self.pending[name] = self.pending.get(name, 0.0) + seconds
+            self._write()
 
     def call_seconds(self) -> float:
         return time.perf_counter() - self.start
@@ -262,14 +278,39 @@ class RunTimes:
         """Record this call: ``stopped`` says where it stopped, None when the run finished (the
         list of calls then starts afresh)."""
         call = {SECONDS: self.call_seconds(), STOPPED: stopped}
-        self.calls = [] if stopped is None else [*self.calls, call]
-        self._write()
+        with self._locked():
+            self._read()
+            self.calls = [] if stopped is None else [*self.calls, call]
+            self._write()
 
     def _write(self) -> None:
         from ccu import results as store
 
         out = {RUN_TIMES_METHODS: self.methods, RUN_TIMES_PENDING: self.pending, CALLS: self.calls}
         store.write_json(self.path, out)
+
+
+def train_timeboxed(spec: RunSpec, stop_after: float, root=None) -> dict:
+    """``ccu train --stop-after``: :func:`train_one` under a deadline of ``stop_after`` seconds
+    (:class:`ccu.deadline.StopForTime` after a saved epoch when another would end past it; the
+    same call again resumes), its wall time counted in the run's :class:`RunTimes` as
+    :func:`run_seed` counts it, so that methods trained in several processes at once (the
+    lanes of ``tools/device_run.sh``) and then loaded by ``ccu run`` keep their times."""
+    from ccu import deadline as time_box
+    from ccu import results as store
+
+    check_time_flags(stop_after, None)
+    box = TimeBox(time_box.Deadline(stop_after))
+    times = RunTimes(store.seed_dir(spec.profile, spec.dataset, spec.seed, root))
+    began = time.perf_counter()
+    try:
+        stamp = train_one(spec, root, on_epoch_end=box.on_epoch_end)
+    except BaseException:  # stopped for time or interrupted: the attempt's time counts
+        times.method(spec.method, time.perf_counter() - began, finished=False)
+        raise
+    if not stamp[LOADED]:
+        times.method(spec.method, time.perf_counter() - began, finished=True)
+    return stamp
 
 
 def run_seed(

@@ -410,3 +410,63 @@ def test_a_checkpoint_over_44_mib_comes_back_in_one_call(tmp_path):
     assert list(record["pending"]) == ["paper/mnist/seed0/CCU/checkpoint.pt"]
     assert list(record["archive"]["files"]) == ["paper/mnist/seed0/CCU/config.pending.json"]
     assert len([p for p in full.iterdir() if p.is_file()]) == device_state.OUT_FILES
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_lanes_train_methods_at_once_and_end_with_the_same_files(tmp_path):
+    """JOBS=2: CCU and Base train in two processes at once (``ccu train --stop-after``), then
+    one ``ccu run`` loads them and attacks: fewer calls than one lane (three, not five), the
+    same files as one lane at the same number of threads per process, and each method's wall
+    time in run_times.json though two processes wrote it."""
+
+    def until_done(name: str, jobs: int, threads: int) -> list[int]:
+        env = dict(os.environ, OUT=str(tmp_path / name / "out"),
+                   CCU_RESULTS=str(tmp_path / name / "res"),
+                   REFERENCE_OUT=str(tmp_path / name / "ref"), STOP_AFTER="0.001",
+                   DEVICE="cpu", THREADS=str(threads), JOBS=str(jobs),
+                   CCU_DATA_ROOT=str(tmp_path / "data"))  # fmt: skip
+        codes = []
+        while not codes or codes[-1] == 75:
+            run = subprocess.run(
+                ["bash", "tools/device_run.sh", "smoke-resume"],
+                cwd=cli.REPO, env=env, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            codes.append(run.returncode)
+            assert len(codes) <= 6, run.stdout + run.stderr
+        assert "smoke-resume done" in run.stdout, run.stdout + run.stderr
+        return codes
+
+    assert until_done("lanes", 2, 2) == [75, 75, 0]  # epoch 1 each; epoch 2 each; the attack
+    assert until_done("one", 1, 1) == [75, 75, 75, 75, 0]
+
+    def files(name):
+        snap = _snapshot(tmp_path / name / "res", tmp_path / name / "ref")
+        return {k: v for k, v in snap.items() if not k.startswith("res/.")}  # device_state's
+
+    assert files("lanes") == files("one")
+    times = json.loads(next((tmp_path / "lanes" / "res").rglob("run_times.json")).read_text())
+    assert set(times["methods"]) == {"Base", "CCU"} and not times["pending"]
+    bad = subprocess.run(["bash", "tools/device_run.sh", "smoke-resume"], cwd=cli.REPO,
+                         env=dict(os.environ, JOBS="0"), capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "JOBS must be a positive integer" in bad.stderr
+
+
+def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
+    import sys
+
+    sys.path.insert(0, str(cli.REPO / "tools"))
+    import device_lanes
+
+    grid = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU"]
+    for jobs in (1, 2, 4, 11, 20):
+        lanes = device_lanes.lanes(grid, jobs)
+        flat = [m for lane in lanes for m in lane]
+        assert sorted(flat) == sorted(grid) and len(lanes) <= jobs
+        (home,) = [lane for lane in lanes if "Base" in lane]
+        assert home.index("Base") < home.index("ODIN") and home.index("Base") < home.index("Maha")
+    assert device_lanes.lanes(["ODIN", "CCU"], 2) == [["CCU"], ["ODIN"]]  # no Base: on its own
+    four = device_lanes.lanes(grid, 4)
+    work = [sum(device_lanes.COST[m] for m in lane) for lane in four]
+    assert max(work) <= 4 / 3 * sum(work) / 4 + max(device_lanes.COST.values())  # LPT's bound
+    with pytest.raises(ValueError):
+        device_lanes.lanes(grid, 0)

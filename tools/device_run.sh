@@ -54,7 +54,12 @@
 # (ccu.config.profile_label): its results live in $CCU_RESULTS/paper-e30/ and
 # reference-results/paper-e30/<dataset>/, never among the paper profile's.
 #
-# Environment: STOP_AFTER, HARD_LIMIT, METHODS (space-separated), EPOCHS or OVERRIDES (JSON),
+# Several processes on one GPU: JOBS=4 bash tools/device_run.sh mnist-paper trains the methods
+# in 4 lanes at once (tools/device_lanes.py splits them; each lane runs `ccu train
+# --stop-after` per method, THREADS/JOBS CPU threads each), then one `ccu run` loads them all
+# and attacks. Same results folders, same exit codes, same resumption as JOBS=1 (the default).
+#
+# Environment: STOP_AFTER, HARD_LIMIT, JOBS, METHODS (space-separated), EPOCHS or OVERRIDES (JSON),
 # DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results), CCU_RESULTS, CCU_DEVDATA,
 # CCU_OFFLINE_DATA (when set: used as is, nothing gathered), DEVSTATE (.devstate: the carried
 # state), CCU_DEVSTATE (/tmp/ccu-devstate: where its batches gather),
@@ -67,6 +72,10 @@ export CCU_RESULTS=${CCU_RESULTS:-/tmp/ccu-results} CCU_DATA_ROOT=${CCU_DATA_ROO
 OUT=${OUT:-/tmp/ccu-out}
 REFERENCE_OUT=$(realpath -m "${REFERENCE_OUT:-reference-results}")
 THREADS=${THREADS:-16}
+JOBS=${JOBS:-1}
+case $JOBS in
+  '' | *[!0-9]* | 0) echo "JOBS must be a positive integer (processes at once), not '$JOBS'" >&2; exit 2 ;;
+esac
 STOP_AFTER=${STOP_AFTER:-480}
 HARD_LIMIT=${HARD_LIMIT:-560}
 TGZ_LIMIT=$((16 * 1024 * 1024))
@@ -140,14 +149,75 @@ p = get_profile(sys.argv[1], sys.argv[3], **json.loads(sys.argv[2] or "{}"))
 print(p.label, p.training_label)' "$profile" "$overrides" "$ds") ||
   { say "bad OVERRIDES: $overrides"; exit 2; }
 read -r label train_label <<<"$labels"
-args=(run --dataset "$ds" --profile "$profile" --seed 0 --device "${DEVICE:-auto}"
-      --threads "$THREADS" --no-progress --stop-after "$STOP_AFTER" --reference-out "$REFERENCE_OUT")
-[ -n "$overrides" ] && args+=(--overrides "$overrides")
-# shellcheck disable=SC2206  # methods: one word per method
-args+=(--method $methods)
-say "$stage: ccu ${args[*]} (profile $label; results in $CCU_RESULTS; SIGINT at ${HARD_LIMIT} s)"
-timeout -s INT -k 20 "$HARD_LIMIT" python3 -m ccu "${args[@]}" 2>&1 | tee -a "$log"
-rc=${PIPESTATUS[0]}
+t0=$SECONDS
+left() { awk -v s="$STOP_AFTER" -v e=$((SECONDS - t0)) 'BEGIN { print s - e }'; }
+spent() { awk -v l="$1" 'BEGIN { exit !(l <= 0) }'; }
+rc=0
+worked=0
+if [ "$JOBS" -gt 1 ]; then
+  # lanes: JOBS processes at once on the GPU, each training its methods one after another
+  # (ccu train --stop-after, tools/device_lanes.py); then one ccu run loads them and attacks
+  targs=(train --dataset "$ds" --profile "$profile" --seed 0 --device "${DEVICE:-auto}"
+         --threads $((THREADS / JOBS > 0 ? THREADS / JOBS : 1)) --no-progress)
+  [ -n "$overrides" ] && targs+=(--overrides "$overrides")
+  lanes=$(mktemp -d)
+  # shellcheck disable=SC2086  # methods: one word per method
+  python3 tools/device_lanes.py --jobs "$JOBS" --methods $methods >"$lanes/lanes" || exit 2
+  k=0
+  while read -r lane; do
+    k=$((k + 1))
+    (
+      lrc=0 lworked=0
+      for m in $lane; do
+        t=$(left)
+        if spent "$t"; then
+          # every lane makes progress in a call, however short its time: one saved epoch
+          [ "$lworked" = 1 ] && { lrc=75; break; }
+          t=0.001
+        fi
+        hard=$((HARD_LIMIT - (SECONDS - t0)))
+        [ "$hard" -gt 0 ] || { lrc=75; break; }
+        timeout -s INT -k 20 "$hard" python3 -m ccu "${targs[@]}" --method "$m" --stop-after "$t" \
+          >"$lanes/out-$k" 2>&1
+        mrc=$?
+        cat "$lanes/out-$k" >>"$lanes/log-$k"
+        case $mrc in
+          0) grep -q ": trained in" "$lanes/out-$k" && lworked=1 ;;
+          75 | 124 | 130) lrc=75 lworked=1; break ;;
+          *) lrc=$mrc; break ;;
+        esac
+      done
+      echo "$lrc $lworked" >"$lanes/rc-$k"
+    ) &
+  done <"$lanes/lanes"
+  wait
+  for j in $(seq 1 "$k"); do
+    say "lane $j ($(sed -n "${j}p" "$lanes/lanes")): exit $(cut -d' ' -f1 "$lanes/rc-$j")"
+    sed "s/^/  [lane $j] /" "$lanes/log-$j" | tee -a "$log"
+    read -r lrc lworked <"$lanes/rc-$j"
+    [ "$lworked" = 1 ] && worked=1
+    if [ "$lrc" != 0 ] && [ "$lrc" != 75 ]; then rc=$lrc; elif [ "$lrc" = 75 ] && [ "$rc" = 0 ]; then rc=75; fi
+  done
+  rm -rf "$lanes"
+fi
+if [ "$rc" = 0 ]; then
+  t=$(left)
+  if spent "$t"; then
+    [ "$worked" = 1 ] && rc=75  # the lanes used the time: the attack comes in the next call
+    t=0.001
+  fi
+fi
+if [ "$rc" = 0 ]; then
+  args=(run --dataset "$ds" --profile "$profile" --seed 0 --device "${DEVICE:-auto}"
+        --threads "$THREADS" --no-progress --stop-after "$t" --reference-out "$REFERENCE_OUT")
+  [ -n "$overrides" ] && args+=(--overrides "$overrides")
+  # shellcheck disable=SC2206  # methods: one word per method
+  args+=(--method $methods)
+  hard=$((HARD_LIMIT - (SECONDS - t0)))
+  say "$stage: ccu ${args[*]} (profile $label; results in $CCU_RESULTS; SIGINT in ${hard} s)"
+  timeout -s INT -k 20 "$hard" python3 -m ccu "${args[@]}" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+fi
 
 # bring back small files: the reference results once done, the per-method JSON files so far
 ref=$REFERENCE_OUT/$label/$ds
