@@ -382,7 +382,9 @@ def main(argv=None):
         result[kind] = bench_network(kind, args, device)
         if args.out:  # after each network: a run stopped by a time limit keeps what it measured
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
+            tmp = args.out.with_name(args.out.name + ".tmp")
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
+            os.replace(tmp, args.out)  # whole or not at all
     print(json.dumps(result, indent=2))
     for line in summary(result):
         print(line)

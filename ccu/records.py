@@ -111,6 +111,9 @@ WALL_SECONDS_TOTAL = "wall_seconds_total"
 WALL_SECONDS_PER_METHOD = "wall_seconds_per_method"
 CALLS = "calls"
 SKIPPED_FOR_TIME = "skipped_for_time"
+#: the most training processes that shared the device at once (``tools/device_run.sh``'s
+#: ``JOBS``): their per-method wall times were measured on a shared GPU
+CONCURRENT_JOBS = "concurrent_jobs"
 #: ``trained.json``: whether the run was loaded (not trained) and the seconds it took
 LOADED, SECONDS = "loaded", "seconds"
 #: ``trained.json``: the sha256 of the run's files (its config's ``files``)
@@ -121,6 +124,9 @@ FILES = "files"
 #: time, per method the time of attempts cut short, and the calls (each :data:`SECONDS` and
 #: where it :data:`STOPPED`) since the run last finished (:data:`CALLS`)
 RUN_TIMES_METHODS, RUN_TIMES_PENDING, STOPPED = "methods", "pending", "stopped"
+#: a call's training processes at once (only where more than one: the lanes of a device run),
+#: and whether ``ccu run`` went on in the same device call (then the two are one call)
+JOBS, THEN_RUN = "jobs", "then_run"
 
 
 # ----------------------------------------------------------------------------- metric keys

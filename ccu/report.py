@@ -341,8 +341,9 @@ def gpu_benchmark_targets(directory: Path | None = None) -> pd.DataFrame:
     (:data:`GPU_TARGETS`; chapter *Training*): one row per device and target with the measured
     value, the target and whether it is met. A CCU step sees 128 in- and 128 out-images, a
     Base step 128: the step ratio is per step. An attack timed on fewer seeds than 200 is
-    scaled to 200 (the seeds are independent batches of restarts) and says so. Empty when no
-    GPU run is committed (CPU runs have no targets)."""
+    scaled to 200 (the seeds are independent batches of restarts) and says so; a value not
+    measured is neither met nor missed (None). Empty when no GPU run is committed (CPU runs
+    have no targets)."""
     rows, index = [], []
     for path in sorted(Path(directory or BENCHMARKS).glob("bench_gpu_*.json")):
         result = json.loads(path.read_text())
@@ -366,8 +367,11 @@ def gpu_benchmark_targets(directory: Path | None = None) -> pd.DataFrame:
                 value = attack["seconds"] * 200 / attack["seeds"]
                 if attack["seeds"] != 200:
                     note = f"scaled linearly from {attack['seeds']} seeds"
-            met = value <= bound if at_most else value >= bound
+            if np.isnan(value):  # e.g. a run with --skip-old: no speed-up to judge
+                met, note = None, "not measured"
+            else:
+                met = bool(value <= bound if at_most else value >= bound)
             index.append((result["device"], label))
-            rows.append([value, ("<= " if at_most else ">= ") + f"{bound:g}", bool(met), note])
+            rows.append([value, ("<= " if at_most else ">= ") + f"{bound:g}", met, note])
     index = pd.MultiIndex.from_tuples(index, names=["device", "target"]) if index else None
     return pd.DataFrame(rows, columns=["measured", "target (H200)", "met", "note"], index=index)

@@ -26,6 +26,8 @@ from ccu.checks import MissingError, UsageError
 from ccu.experiment import log, run_data
 from ccu.records import (
     CALLS,
+    CONCURRENT_JOBS,
+    JOBS,
     LOADED,
     MEAN_MAX_CONFIDENCE,
     RUN_TIMES_METHODS,
@@ -33,6 +35,7 @@ from ccu.records import (
     SECONDS,
     SKIPPED_FOR_TIME,
     STOPPED,
+    THEN_RUN,
     WALL_SECONDS_PER_METHOD,
     WALL_SECONDS_TOTAL,
     Metrics,
@@ -274,6 +277,25 @@ class RunTimes:
         """This call's time and that of the calls before it since the run last finished."""
         return sum(c[SECONDS] for c in self.calls) + self.call_seconds()
 
+    def concurrent_jobs(self) -> int:
+        """The most training processes at once in the calls since the run last finished."""
+        return max([c.get(JOBS, 1) for c in self.calls] + [1])
+
+    def calls_count(self) -> int:
+        """The device calls since the run last finished, this one included (lanes that a
+        ``ccu run`` followed in the same call are part of its call)."""
+        return sum(1 for c in self.calls if not c.get(THEN_RUN)) + 1
+
+    def add_call(self, seconds: float, stopped: str, jobs: int = 1, then_run=False) -> None:
+        """Record the lanes of a device call (``tools/device_run.sh``: ``jobs`` trainings at
+        once) that ``ccu run`` follows in the same call (``then_run``) or not."""
+        call = {SECONDS: seconds, STOPPED: stopped, **({JOBS: jobs} if jobs > 1 else {})}
+        call.update({THEN_RUN: True} if then_run else {})
+        with self._locked():
+            self._read()
+            self.calls = [*self.calls, call]
+            self._write()
+
     def end_call(self, stopped: str | None) -> None:
         """Record this call: ``stopped`` says where it stopped, None when the run finished (the
         list of calls then starts afresh)."""
@@ -311,6 +333,20 @@ def train_timeboxed(spec: RunSpec, stop_after: float, root=None) -> dict:
     if not stamp[LOADED]:
         times.method(spec.method, time.perf_counter() - began, finished=True)
     return stamp
+
+
+def record_lanes_call(
+    spec: RunSpec, seconds: float, stopped: str, jobs: int, then_run: bool, root=None
+) -> None:
+    """Count the lanes of a device call (``jobs`` processes of ``ccu train --stop-after``,
+    ``seconds`` of wall time) in the run's calls, so that ``table1.json``'s total wall time
+    and calls include them and it records how many trainings shared the device;
+    ``then_run``: ``ccu run`` follows in the same call."""
+    from ccu import results as store
+
+    RunTimes(store.seed_dir(spec.profile, spec.dataset, spec.seed, root)).add_call(
+        seconds, stopped, jobs, then_run
+    )
 
 
 def run_seed(
@@ -363,9 +399,10 @@ def run_seed(
         if reference_out:
             extra = {
                 WALL_SECONDS_TOTAL: times.total_seconds(),
-                CALLS: len(times.calls) + 1,
+                CALLS: times.calls_count(),
                 WALL_SECONDS_PER_METHOD: times.methods,
                 SKIPPED_FOR_TIME: skipped,
+                CONCURRENT_JOBS: times.concurrent_jobs(),
             }
             out = reference_results.write_reference(
                 dataset, spec.profile, seed, reference_out, root, done, extra=extra

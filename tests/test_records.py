@@ -139,6 +139,7 @@ OWNED_KEYS = (
     "points_outside_balls", "max_confidence_float64", "max_float32_deviation",
     "max_bound_over_balls",
     "device_name", "wall_seconds_total", "wall_seconds_per_method", "skipped_for_time",
+    "concurrent_jobs",
 )  # fmt: skip
 #: the same words where they are no key of a result file: (module, word) -> why
 NOT_KEYS = {

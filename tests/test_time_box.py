@@ -441,11 +441,18 @@ def test_lanes_train_methods_at_once_and_end_with_the_same_files(tmp_path):
 
     def files(name):
         snap = _snapshot(tmp_path / name / "res", tmp_path / name / "ref")
+        for v in snap.values():  # the concurrency is provenance (checked below), not a result
+            if isinstance(v, dict):
+                v.pop("concurrent_jobs", None)
         return {k: v for k, v in snap.items() if not k.startswith("res/.")}  # device_state's
 
     assert files("lanes") == files("one")
     times = json.loads(next((tmp_path / "lanes" / "res").rglob("run_times.json")).read_text())
     assert set(times["methods"]) == {"Base", "CCU"} and not times["pending"]
+    # provenance: the device calls (the last call's lanes and run are one) and the concurrency
+    for name, calls, jobs in (("lanes", 3, 2), ("one", 5, 1)):
+        t1 = json.loads(next((tmp_path / name / "ref").rglob("table1.json")).read_text())
+        assert (t1["calls"], t1["concurrent_jobs"]) == (calls, jobs), name
     bad = subprocess.run(["bash", "tools/device_run.sh", "smoke-resume"], cwd=cli.REPO,
                          env=dict(os.environ, JOBS="0"), capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "JOBS must be a positive integer" in bad.stderr
@@ -470,3 +477,53 @@ def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
     assert max(work) <= 4 / 3 * sum(work) / 4 + max(device_lanes.COST.values())  # LPT's bound
     with pytest.raises(ValueError):
         device_lanes.lanes(grid, 0)
+
+
+def test_absorb_drops_archives_a_fresh_machine_no_longer_needs(tmp_path):
+    """Every call of a long training re-sends its checkpoint: the archives whose files are all
+    in later ones, or gone from the device (a checkpoint deleted when its method finished), are
+    dropped here, so a fresh lease carries one version, not one per call."""
+    import sys
+
+    sys.path.insert(0, str(cli.REPO / "tools"))
+    import device_state
+
+    results, dest = tmp_path / "res", tmp_path / "devstate"
+    ckpt, cfg, model = (
+        "p/d/seed0/CCU/checkpoint.pt",
+        "p/d/seed0/CCU/a.json",
+        "p/d/seed0/CCU/model.pt",
+    )
+
+    def call(k: int, files: dict[str, str], gone=()):
+        for rel, text in files.items():
+            (results / rel).parent.mkdir(parents=True, exist_ok=True)
+            (results / rel).write_text(text)
+        for rel in gone:
+            (results / rel).unlink()
+        out = tmp_path / f"out{k}"
+        out.mkdir()
+        ledger = dest / "st" / "ledger.json"
+        device_state.send(results, ["p/d"], "st", out, ledger if ledger.exists() else None,
+                          None, 15.0, log=lambda m: None)  # fmt: skip
+        return device_state.absorb(out, "st", dest, 28.0, log=lambda m: None)
+
+    ledger = call(1, {ckpt: "epoch 1", cfg: "{}"})
+    ledger = call(2, {ckpt: "epoch 2"})
+    assert len(ledger["archives"]) == 2  # the first still holds a.json
+    ledger = call(3, {ckpt: "epoch 3", cfg: '{"b": 1}'})
+    assert [sorted(a["files"]) for a in ledger["archives"]] == [[cfg, ckpt]]
+    ledger = call(4, {model: "weights"}, gone=[ckpt])
+    assert [sorted(a["files"]) for a in ledger["archives"]] == [[cfg, ckpt], [model]]
+    ledger = call(5, {cfg: '{"c": 2}'})  # a.json newer, the checkpoint gone: archive 3 dropped
+    assert [sorted(a["files"]) for a in ledger["archives"]] == [[model], [cfg]]
+    assert set(ledger["files"]) == {model, cfg}
+    parts = sorted(p.name for p in (dest / "st").rglob("*.part"))
+    assert parts == sorted(p["name"] for a in ledger["archives"] for p in a["parts"])
+    # a fresh machine restores exactly the files there are now
+    fresh = tmp_path / "fresh"
+    rc = device_state.restore(dest / "st", "st", fresh, tmp_path / "gather", log=lambda m: None)
+    assert rc == 0
+    got = {p.relative_to(fresh).as_posix() for p in fresh.rglob("*") if p.is_file()}
+    assert got - {".st.restored.json"} == {model, cfg}
+    assert (fresh / cfg).read_text() == '{"c": 2}'

@@ -73,11 +73,16 @@ OUT=${OUT:-/tmp/ccu-out}
 REFERENCE_OUT=$(realpath -m "${REFERENCE_OUT:-reference-results}")
 THREADS=${THREADS:-16}
 JOBS=${JOBS:-1}
+STOP_AFTER=${STOP_AFTER:-480}
+HARD_LIMIT=${HARD_LIMIT:-560}
 case $JOBS in
   '' | *[!0-9]* | 0) echo "JOBS must be a positive integer (processes at once), not '$JOBS'" >&2; exit 2 ;;
 esac
-STOP_AFTER=${STOP_AFTER:-480}
-HARD_LIMIT=${HARD_LIMIT:-560}
+case $HARD_LIMIT in
+  '' | *[!0-9]* | 0) echo "HARD_LIMIT must be a positive whole number of seconds, not '$HARD_LIMIT'" >&2; exit 2 ;;
+esac
+awk -v s="$STOP_AFTER" 'BEGIN { exit !(s + 0 > 0 && s ~ /^[0-9]*\.?[0-9]+$/) }' ||
+  { echo "STOP_AFTER must be a positive number of seconds, not '$STOP_AFTER'" >&2; exit 2; }
 TGZ_LIMIT=$((16 * 1024 * 1024))
 mkdir -p "$OUT"
 ALL="Base MCD EDL DE GAN ODIN Maha ACET ACET2 OE CCU"
@@ -168,6 +173,8 @@ if [ "$JOBS" -gt 1 ]; then
     k=$((k + 1))
     (
       lrc=0 lworked=0
+      # the CPU's share of this lane, for torch and for scikit-learn's EM (OpenMP, BLAS)
+      export OMP_NUM_THREADS=$((THREADS / JOBS > 0 ? THREADS / JOBS : 1))
       for m in $lane; do
         t=$(left)
         if spent "$t"; then
@@ -183,7 +190,7 @@ if [ "$JOBS" -gt 1 ]; then
         cat "$lanes/out-$k" >>"$lanes/log-$k"
         case $mrc in
           0) grep -q ": trained in" "$lanes/out-$k" && lworked=1 ;;
-          75 | 124 | 130) lrc=75 lworked=1; break ;;
+          75 | 124 | 130 | 137) lrc=75 lworked=1; break ;;  # stopped; 137: killed after SIGINT
           *) lrc=$mrc; break ;;
         esac
       done
@@ -194,7 +201,8 @@ if [ "$JOBS" -gt 1 ]; then
   for j in $(seq 1 "$k"); do
     say "lane $j ($(sed -n "${j}p" "$lanes/lanes")): exit $(cut -d' ' -f1 "$lanes/rc-$j")"
     sed "s/^/  [lane $j] /" "$lanes/log-$j" | tee -a "$log"
-    read -r lrc lworked <"$lanes/rc-$j"
+    lrc=1 lworked=0  # a lane that died without saying: a failure
+    [ -f "$lanes/rc-$j" ] && read -r lrc lworked <"$lanes/rc-$j"
     [ "$lworked" = 1 ] && worked=1
     if [ "$lrc" != 0 ] && [ "$lrc" != 75 ]; then rc=$lrc; elif [ "$lrc" = 75 ] && [ "$rc" = 0 ]; then rc=75; fi
   done
@@ -207,6 +215,19 @@ if [ "$rc" = 0 ]; then
     t=0.001
   fi
 fi
+if [ "$JOBS" -gt 1 ]; then
+  # the lanes in the run's calls: table1.json's wall time and calls include them
+  then_run=0
+  [ "$rc" = 0 ] && then_run=1
+  python3 -c 'import json, sys
+from ccu.config import get_profile
+from ccu.records import RunSpec
+from ccu.steps import record_lanes_call
+ds, profile, overrides, seconds, rc, jobs, then_run = sys.argv[1:]
+spec = RunSpec(ds, "CCU", get_profile(profile, ds, **json.loads(overrides or "{}")), 0, "cpu")
+record_lanes_call(spec, float(seconds), f"lanes (exit {rc})", int(jobs), then_run == "1")' \
+    "$ds" "$profile" "$overrides" $((SECONDS - t0)) "$rc" "$JOBS" "$then_run" 2>&1 | tee -a "$log"
+fi
 if [ "$rc" = 0 ]; then
   args=(run --dataset "$ds" --profile "$profile" --seed 0 --device "${DEVICE:-auto}"
         --threads "$THREADS" --no-progress --stop-after "$t" --reference-out "$REFERENCE_OUT")
@@ -214,9 +235,13 @@ if [ "$rc" = 0 ]; then
   # shellcheck disable=SC2206  # methods: one word per method
   args+=(--method $methods)
   hard=$((HARD_LIMIT - (SECONDS - t0)))
-  say "$stage: ccu ${args[*]} (profile $label; results in $CCU_RESULTS; SIGINT in ${hard} s)"
-  timeout -s INT -k 20 "$hard" python3 -m ccu "${args[@]}" 2>&1 | tee -a "$log"
-  rc=${PIPESTATUS[0]}
+  if [ "$hard" -gt 0 ]; then
+    say "$stage: ccu ${args[*]} (profile $label; results in $CCU_RESULTS; SIGINT in ${hard} s)"
+    timeout -s INT -k 20 "$hard" python3 -m ccu "${args[@]}" 2>&1 | tee -a "$log"
+    rc=${PIPESTATUS[0]}
+  else
+    rc=75
+  fi
 fi
 
 # bring back small files: the reference results once done, the per-method JSON files so far
@@ -251,7 +276,7 @@ case $rc in
   0) say "$stage done: $ref in $OUT/$stage.tgz" ;;
   75) say "$stage stopped for time; run the same stage again to continue (resumes while this" \
           "machine is warm)" ;;
-  124 | 130) say "$stage interrupted at the hard limit (${HARD_LIMIT} s); finished work is saved;" \
+  124 | 130 | 137) say "$stage interrupted at the hard limit (${HARD_LIMIT} s); finished work is saved;" \
                 "run the same stage again to continue"; rc=75 ;;
   *) say "$stage failed (exit $rc); see $log" ;;
 esac

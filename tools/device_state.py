@@ -48,6 +48,10 @@ MIB = 1 << 20
 OUT_FILES, OUT_MIB = 8, 64.0
 #: the archive's gzip and tar overhead over the raw bytes, and the log's growth after sending
 ARCHIVE_SLACK, RESERVE_MIB = 1.01, 1.0
+#: the most state one call sends: what a fresh machine can carry in again in one call beside
+#: the project (``plan --project-mib``, 4) and the ledger; a bigger archive came back once and
+#: could never go out again
+CARRY_STATE_MIB = 56.0
 REPO = Path(__file__).resolve().parents[1]
 LEDGER = "ledger.json"
 RESTORED = ".restored.json"  # in the results folder: the archives already unpacked there
@@ -110,6 +114,7 @@ def room(out: Path, part_mib: float, limit_mib: float | None = None) -> float:
     used = sum(p.stat().st_size for p in present)
     parts = OUT_FILES - len(present) - 1  # the ledger
     free = min(OUT_MIB * MIB - used, parts * part_mib * MIB) - RESERVE_MIB * MIB
+    free = min(free, CARRY_STATE_MIB * MIB)
     if limit_mib is not None:
         free = min(free, limit_mib * MIB)
     return max(0.0, free / ARCHIVE_SLACK)
@@ -130,7 +135,7 @@ def send(results: Path, names, stage: str, out: Path, ledger_path: Path | None,
             continue
         chosen.append(rel)
         total += new[rel]["bytes"]
-    seq = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+    seq = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
     parts = []
     if chosen:
         with tempfile.TemporaryDirectory() as tmp:
@@ -150,6 +155,7 @@ def send(results: Path, names, stage: str, out: Path, ledger_path: Path | None,
         "stage": stage,
         "archive": {"seq": seq, "parts": parts, "files": {r: new[r] for r in chosen}},
         "pending": pending,
+        "present": sorted(files),  # every file on the device now: absorb drops the others
     }
     _write(out / f"{stage}.ledger.json", record)
     _write(here, {**sent_here, **{r: new[r] for r in chosen}})
@@ -173,11 +179,12 @@ def absorb(files_at: Path, stage: str, dest: Path, batch_mib: float, log=print) 
     archive = record["archive"]
     if archive["parts"] and archive["seq"] not in {a["seq"] for a in ledger["archives"]}:
         size = sum(p["bytes"] for p in archive["parts"])
-        batches = sorted(folder.glob("batch-*"))
+        batches = sorted(folder.glob("batch-*"), key=lambda b: int(b.name.split("-")[1]))
         last = batches[-1] if batches else None
         used = sum(f.stat().st_size for f in last.iterdir()) if last else 0
-        if last is None or used + size > batch_mib * MIB:
-            last = folder / f"batch-{len(batches) + 1}"
+        if last is None or used + size > batch_mib * MIB:  # numbered after the last (pruned
+            number = int(last.name.split("-")[1]) + 1 if last else 1  # ones leave gaps)
+            last = folder / f"batch-{number}"
         last.mkdir(parents=True, exist_ok=True)
         for p in archive["parts"]:
             src = files_at / p["name"]
@@ -187,12 +194,44 @@ def absorb(files_at: Path, stage: str, dest: Path, batch_mib: float, log=print) 
         ledger["archives"].append({**archive, "batch": last.name})
         ledger["files"].update(archive["files"])
     ledger["pending"] = record["pending"]
+    dropped = prune(ledger, folder, record.get("present"))
     _write(folder / LEDGER, ledger)
+    if dropped:
+        log(f"device_state: {stage}: dropped {dropped} archives whose files are all superseded")
     log(
         f"device_state: {stage}: {len(ledger['files'])} files held here in "
         f"{len(ledger['archives'])} archives; {len(ledger['pending'])} pending on the device"
     )
     return ledger
+
+
+def prune(ledger: dict, folder: Path, present: list[str] | None) -> int:
+    """Drop the archives (and their parts) that a fresh machine no longer needs: every file
+    in them is in a later archive, or gone from the device (``present``: the files there at
+    the last send; e.g. an epoch checkpoint deleted once its method finished). Each call of a
+    long training re-sends its checkpoint (50 MiB for the full MNIST's CCU): without this a
+    fresh lease would carry every version of it. ``ledger["files"]`` becomes what the kept
+    archives hold. Returns the number dropped."""
+    archives = ledger["archives"]
+    alive = set(present) if present is not None else None
+
+    def dead(rel: str, i: int) -> bool:
+        later = any(rel in a["files"] for a in archives[i + 1 :])
+        return later or (alive is not None and rel not in alive)
+
+    kept = []
+    for i, a in enumerate(archives):
+        if a["files"] and all(dead(rel, i) for rel in a["files"]):
+            for p in a["parts"]:
+                (folder / a["batch"] / p["name"]).unlink(missing_ok=True)
+            batch = folder / a["batch"]
+            if batch.is_dir() and not any(batch.iterdir()):
+                batch.rmdir()
+        else:
+            kept.append(a)
+    ledger["archives"] = kept
+    ledger["files"] = {rel: f for a in kept for rel, f in a["files"].items()}
+    return len(archives) - len(kept)
 
 
 def restore(carried: Path, stage: str, results: Path, gather: Path, log=print) -> int:
@@ -252,11 +291,24 @@ def plan(stage: str, dataset: str | None, devstate: Path, devdata: Path, limit_m
     if dataset:
         items += [(p, _size(p)) for p in sorted((devdata / dataset).glob("part-*"))]
     ledger_file = devstate / stage / LEDGER
-    batches = sorted((devstate / stage).glob("batch-*")) if ledger_file.exists() else []
+    batches = (
+        sorted((devstate / stage).glob("batch-*"), key=lambda b: int(b.name.split("-")[1]))
+        if ledger_file.exists()
+        else []
+    )
     items += [(b, _size(b)) for b in batches]
     fixed = project_mib * MIB + (ledger_file.stat().st_size if ledger_file.exists() else 0)
     calls, current, used = [], [], fixed
     for path, size in items:
+        if fixed + size > limit_mib * MIB:
+            raise SystemExit(
+                _error(
+                    4,
+                    f"{path} ({size / MIB:.1f} MiB) with the project and ledger is over one "
+                    f"call's carry limit ({limit_mib:g} MiB); it cannot be carried. Delete "
+                    f"{devstate / stage} to train those methods from the start.",
+                )
+            )
         if current and used + size > limit_mib * MIB:
             calls.append(current)
             current, used = [], fixed

@@ -128,7 +128,7 @@ class Method:
             checkpoint=checkpoint,
             objective=self.objective(),
             on_epoch_end=on_epoch_end,
-            info=self.checkpoint_info(),
+            info=self.checkpoint_info() if checkpoint is not None else None,
         )
 
     def trainer(self, seed: int | None = None) -> Trainer:
