@@ -372,6 +372,6 @@ def gpu_benchmark_targets(directory: Path | None = None) -> pd.DataFrame:
             else:
                 met = bool(value <= bound if at_most else value >= bound)
             index.append((result["device"], label))
-            rows.append([value, ("<= " if at_most else ">= ") + f"{bound:g}", met, note])
+            rows.append([value, ("≤ " if at_most else "≥ ") + f"{bound:g}", met, note])
     index = pd.MultiIndex.from_tuples(index, names=["device", "target"]) if index else None
     return pd.DataFrame(rows, columns=["measured", "target (H200)", "met", "note"], index=index)
