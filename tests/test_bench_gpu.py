@@ -63,3 +63,27 @@ def test_gpu_runs_are_judged_against_the_targets(tmp_path):
     assert not t.loc["LeNet CCU step / Base step", "met"]
     attack = t.loc["ResNet18 attack 200 x 50 x 500 (s)"]
     assert attack["measured"] == 310.0 and not attack["met"] and "20 seeds" in attack["note"]
+
+
+def test_bench_lanes_times_a_grid_per_number_of_lanes(tmp_path):
+    """benchmarks/bench_lanes.py on the CPU's tiny grid: one fresh run per JOBS value."""
+    import json
+    import os
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_lanes", ROOT / "benchmarks/bench_lanes.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "lanes.json"
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    os.environ["PATH"], old = path, os.environ.get("PATH", "")
+    try:
+        args = ["--stage", "smoke-resume", "--jobs", "1", "2", "--device", "cpu"]
+        result = bench.main([*args, "--threads", "2", "--overrides", "", "--out", str(out)])
+    finally:
+        os.environ["PATH"] = old
+    assert set(result["runs"]) == {"1", "2"} and result["device"].startswith("CPU")
+    for r in result["runs"].values():
+        assert r["calls"] == 1 and r["exit_codes"] == [0] and r["seconds"] > 0
+    assert result["runs"]["1"]["speedup"] == 1.0
+    assert json.loads(out.read_text())["runs"]["2"]["seconds"] == result["runs"]["2"]["seconds"]
