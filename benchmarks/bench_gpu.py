@@ -51,6 +51,7 @@ from ccu.data import Dataset, get_spec
 from ccu.data.augment import Augmentation
 from ccu.data.batches import PairedLoader, epoch_indices
 from ccu.model import CCU
+from ccu.results import write_json
 from ccu.train import make_optimizer
 
 NETWORKS = {  # network: (dataset record for shape/augmentation/settings, in-set size)
@@ -382,9 +383,7 @@ def main(argv=None):
         result[kind] = bench_network(kind, args, device)
         if args.out:  # after each network: a run stopped by a time limit keeps what it measured
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = args.out.with_name(args.out.name + ".tmp")
-            tmp.write_text(json.dumps(result, indent=2) + "\n")
-            os.replace(tmp, args.out)  # whole or not at all
+            write_json(args.out, result)  # atomic: whole or not at all
     print(json.dumps(result, indent=2))
     for line in summary(result):
         print(line)

@@ -35,8 +35,12 @@ SHORT = {"epochs": 2, "n_components": 20, "n_centres": 20}
 def device_label(device: str) -> str:
     import torch
 
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
-        return torch.cuda.get_device_name(0)
+    from ccu.steps import device_name
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        return device_name(device)
     return f"CPU {platform.machine()}, {os.cpu_count()} cores"
 
 
@@ -78,6 +82,8 @@ def main(argv=None) -> dict:
     overrides = json.loads(args.overrides) if args.overrides else None
     import torch
 
+    from ccu.results import write_json
+
     env = dict(os.environ, DEVICE=args.device, THREADS=str(args.threads),
                STOP_AFTER=f"{args.stop_after:g}", HARD_LIMIT="100000")  # fmt: skip
     result = {
@@ -102,9 +108,7 @@ def main(argv=None) -> dict:
               flush=True)  # fmt: skip
         if args.out:  # after each: a run stopped by a time limit keeps what it measured
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = args.out.with_name(args.out.name + ".tmp")
-            tmp.write_text(json.dumps(result, indent=2) + "\n")
-            os.replace(tmp, args.out)
+            write_json(args.out, result)  # atomic
     return result
 
 

@@ -324,10 +324,16 @@ def train_timeboxed(spec: RunSpec, stop_after: float, root=None) -> dict:
     check_time_flags(stop_after, None)
     box = TimeBox(time_box.Deadline(stop_after))
     times = RunTimes(store.seed_dir(spec.profile, spec.dataset, spec.seed, root))
+    return _train_timed(times, spec, root, on_epoch_end=box.on_epoch_end)
+
+
+def _train_timed(times: RunTimes, spec: RunSpec, root=None, data=None, on_epoch_end=None):
+    """:func:`train_one`, its wall time counted in ``times``: a finished training, or an
+    attempt cut short (stopped for time or interrupted); nothing for a loaded run."""
     began = time.perf_counter()
     try:
-        stamp = train_one(spec, root, on_epoch_end=box.on_epoch_end)
-    except BaseException:  # stopped for time or interrupted: the attempt's time counts
+        stamp = train_one(spec, root, data=data, on_epoch_end=on_epoch_end)
+    except BaseException:
         times.method(spec.method, time.perf_counter() - began, finished=False)
         raise
     if not stamp[LOADED]:
@@ -336,15 +342,16 @@ def train_timeboxed(spec: RunSpec, stop_after: float, root=None) -> dict:
 
 
 def record_lanes_call(
-    spec: RunSpec, seconds: float, stopped: str, jobs: int, then_run: bool, root=None
-) -> None:
-    """Count the lanes of a device call (``jobs`` processes of ``ccu train --stop-after``,
-    ``seconds`` of wall time) in the run's calls, so that ``table1.json``'s total wall time
-    and calls include them and it records how many trainings shared the device;
-    ``then_run``: ``ccu run`` follows in the same call."""
+    profile, dataset: str, seed: int, seconds: float, stopped: str, jobs: int, then_run: bool,
+    root=None,
+) -> None:  # fmt: skip
+    """Count the lanes of a device call (``jobs`` processes of ``ccu train --stop-after`` on
+    ``dataset``, ``seed``, ``profile``; ``seconds`` of wall time) in the run's calls, so that
+    ``table1.json``'s total wall time and calls include them and it records how many
+    trainings shared the device; ``then_run``: ``ccu run`` follows in the same call."""
     from ccu import results as store
 
-    RunTimes(store.seed_dir(spec.profile, spec.dataset, spec.seed, root)).add_call(
+    RunTimes(store.seed_dir(profile, dataset, seed, root)).add_call(
         seconds, stopped, jobs, then_run
     )
 
@@ -376,16 +383,13 @@ def run_seed(
                 continue
             box.stop_before(f"{m} on {dataset} seed {seed}")
             bar.set_postfix_str(m)
-            began = time.perf_counter()
             one = spec.with_method(m)
             try:
-                stamp = train_one(one, root, data=data, on_epoch_end=box.on_epoch_end)
-            except BaseException:  # stopped for time or interrupted: the attempt's time counts
-                times.method(m, time.perf_counter() - began, finished=False)
+                stamp = _train_timed(times, one, root, data=data, on_epoch_end=box.on_epoch_end)
+            except BaseException:  # stopped for time or interrupted: this call worked on it
                 box.worked = True
                 raise
             if not stamp[LOADED]:
-                times.method(m, time.perf_counter() - began, finished=True)
                 box.worked = True
             evaluate_one(one, root)
             guarantees_one(one, root, data=data)

@@ -175,21 +175,36 @@ def test_a_run_stopped_between_methods_resumes_to_the_same_files(tmp_path, monke
     assert times["calls"] == [] and times["pending"] == {}  # finished: the next run starts afresh
 
 
-def test_a_run_stopped_after_an_epoch_resumes_to_the_same_files(tmp_path, monkeypatch):
-    """``ccu run`` hands the deadline's check to the trainer as its ``on_epoch_end``, called
-    after each epoch's checkpoint; each epoch takes 10 s here."""
+def _clocked(monkeypatch, epoch_seconds: float, fit_seconds: float = 0.0):
+    """The time box on a fake clock: each saved epoch takes ``epoch_seconds``, each CCU
+    construction (its metric and mixture fit) ``fit_seconds``. Returns the clock and the list
+    of CCU fits so far (one entry each)."""
     from ccu import train
+    from ccu.methods import ccu_method
 
-    _run(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
     clock = FakeClock()
     monkeypatch.setattr(time_box, "clock", clock)
-    save = train.save_training_state
+    init, save, fits = ccu_method.init_ccu, train.save_training_state, []
+
+    def timed_init(*a, **k):
+        fits.append(1)
+        clock.t += fit_seconds
+        return init(*a, **k)
 
     def timed_save(*a, **k):
         save(*a, **k)
-        clock.t += 10
+        clock.t += epoch_seconds
 
+    monkeypatch.setattr(ccu_method, "init_ccu", timed_init)
     monkeypatch.setattr(train, "save_training_state", timed_save)
+    return clock, fits
+
+
+def test_a_run_stopped_after_an_epoch_resumes_to_the_same_files(tmp_path, monkeypatch):
+    """``ccu run`` hands the deadline's check to the trainer as its ``on_epoch_end``, called
+    after each epoch's checkpoint; each epoch takes 10 s here."""
+    _run(tmp_path / "whole" / "res", tmp_path / "whole" / "ref")
+    _clocked(monkeypatch, epoch_seconds=10)
     res, ref = tmp_path / "boxed" / "res", tmp_path / "boxed" / "ref"
     argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--seed", "0"]
     argv += _common(res, "--reference-out", str(ref), "--stop-after", "15")
@@ -203,23 +218,7 @@ def test_the_first_epoch_is_timed_without_the_model_construction(tmp_path, monke
     """On the GPU (full MNIST) fitting CCU's mixtures took 85 s and an epoch 2 s: the check
     after the first epoch counted the fit as part of it and stopped every call after one
     epoch. Here the fit takes 80 s of the fake clock, each epoch 2 s, the call has 100 s."""
-    from ccu import train
-    from ccu.methods import ccu_method
-
-    clock = FakeClock()
-    monkeypatch.setattr(time_box, "clock", clock)
-    init, save = ccu_method.init_ccu, train.save_training_state
-
-    def slow_init(*a, **k):
-        clock.t += 80
-        return init(*a, **k)
-
-    def timed_save(*a, **k):
-        save(*a, **k)
-        clock.t += 2
-
-    monkeypatch.setattr(ccu_method, "init_ccu", slow_init)
-    monkeypatch.setattr(train, "save_training_state", timed_save)
+    _clocked(monkeypatch, epoch_seconds=2, fit_seconds=80)
     argv = ["run", "--dataset", "digits", "--method", "CCU", "--seed", "0"]
     argv += _common(
         tmp_path / "res", "--reference-out", str(tmp_path / "ref"), "--stop-after", "100"
@@ -230,26 +229,10 @@ def test_the_first_epoch_is_timed_without_the_model_construction(tmp_path, monke
 def test_a_resumed_ccu_is_not_refitted_and_ends_with_the_same_files(tmp_path, monkeypatch):
     """A call that resumes CCU from its epoch checkpoint builds an empty model for the
     checkpoint to fill (no metric or mixture fit) and ends with the uninterrupted run's files."""
-    from ccu import train
-    from ccu.methods import ccu_method
-
     argv = ["run", "--dataset", "digits", "--method", "CCU", "--seed", "0"]
     whole = tmp_path / "whole"
     assert cli.main([*argv, *_common(whole / "res", "--reference-out", str(whole / "ref"))]) == 0
-    clock = FakeClock()
-    monkeypatch.setattr(time_box, "clock", clock)
-    init, save, fits = ccu_method.init_ccu, train.save_training_state, []
-
-    def counted_init(*a, **k):
-        fits.append(1)
-        return init(*a, **k)
-
-    def timed_save(*a, **k):
-        save(*a, **k)
-        clock.t += 10
-
-    monkeypatch.setattr(ccu_method, "init_ccu", counted_init)
-    monkeypatch.setattr(train, "save_training_state", timed_save)
+    _, fits = _clocked(monkeypatch, epoch_seconds=10)
     res, ref = tmp_path / "boxed" / "res", tmp_path / "boxed" / "ref"
     argv += _common(res, "--reference-out", str(ref), "--stop-after", "15")
     assert cli.main(argv) == 75  # stopped after epoch 1 of 2

@@ -221,11 +221,10 @@ if [ "$JOBS" -gt 1 ]; then
   [ "$rc" = 0 ] && then_run=1
   python3 -c 'import json, sys
 from ccu.config import get_profile
-from ccu.records import RunSpec
 from ccu.steps import record_lanes_call
 ds, profile, overrides, seconds, rc, jobs, then_run = sys.argv[1:]
-spec = RunSpec(ds, "CCU", get_profile(profile, ds, **json.loads(overrides or "{}")), 0, "cpu")
-record_lanes_call(spec, float(seconds), f"lanes (exit {rc})", int(jobs), then_run == "1")' \
+profile = get_profile(profile, ds, **json.loads(overrides or "{}"))
+record_lanes_call(profile, ds, 0, float(seconds), f"lanes (exit {rc})", int(jobs), then_run == "1")' \
     "$ds" "$profile" "$overrides" $((SECONDS - t0)) "$rc" "$JOBS" "$then_run" 2>&1 | tee -a "$log"
 fi
 if [ "$rc" = 0 ]; then
