@@ -275,11 +275,9 @@ def test_a_reduced_paper_run_never_writes_where_paper_runs_do(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the device script
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_device_run_smoke_resume_repeats_until_done_and_sends_small_files(tmp_path):
-    env = dict(os.environ, OUT=str(tmp_path / "out"), CCU_RESULTS=str(tmp_path / "res"),
-               REFERENCE_OUT=str(tmp_path / "reference-results"), STOP_AFTER="0.001",
-               DEVICE="cpu", THREADS="1", CCU_DATA_ROOT=str(tmp_path / "data"))  # fmt: skip
+def _device_run_until_done(env: dict) -> tuple[list[int], subprocess.CompletedProcess]:
+    """Run ``tools/device_run.sh smoke-resume`` as fresh calls until it stops exiting 75 (more
+    to do): every exit code, and the last call's output."""
     codes = []
     while not codes or codes[-1] == 75:
         run = subprocess.run(
@@ -288,6 +286,15 @@ def test_device_run_smoke_resume_repeats_until_done_and_sends_small_files(tmp_pa
         )  # fmt: skip
         codes.append(run.returncode)
         assert len(codes) <= 6, run.stdout + run.stderr
+    return codes, run
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_device_run_smoke_resume_repeats_until_done_and_sends_small_files(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path / "out"), CCU_RESULTS=str(tmp_path / "res"),
+               REFERENCE_OUT=str(tmp_path / "reference-results"), STOP_AFTER="0.001",
+               DEVICE="cpu", THREADS="1", CCU_DATA_ROOT=str(tmp_path / "data"))  # fmt: skip
+    codes, run = _device_run_until_done(env)
     # every call makes progress however short its time, one saved epoch at least: CCU's two
     # epochs, Base's two, then the attack
     assert codes == [75, 75, 75, 75, 0], run.stdout + run.stderr
@@ -408,14 +415,7 @@ def test_lanes_train_methods_at_once_and_end_with_the_same_files(tmp_path):
                    REFERENCE_OUT=str(tmp_path / name / "ref"), STOP_AFTER="0.001",
                    DEVICE="cpu", THREADS=str(threads), JOBS=str(jobs),
                    CCU_DATA_ROOT=str(tmp_path / "data"))  # fmt: skip
-        codes = []
-        while not codes or codes[-1] == 75:
-            run = subprocess.run(
-                ["bash", "tools/device_run.sh", "smoke-resume"],
-                cwd=cli.REPO, env=env, capture_output=True, text=True, timeout=600,
-            )  # fmt: skip
-            codes.append(run.returncode)
-            assert len(codes) <= 6, run.stdout + run.stderr
+        codes, run = _device_run_until_done(env)
         assert "smoke-resume done" in run.stdout, run.stdout + run.stderr
         return codes
 
