@@ -162,8 +162,9 @@ worked=0
 if [ "$JOBS" -gt 1 ]; then
   # lanes: JOBS processes at once on the GPU, each training its methods one after another
   # (ccu train --stop-after, tools/device_lanes.py); then one ccu run loads them and attacks
+  lane_threads=$((THREADS / JOBS > 0 ? THREADS / JOBS : 1))
   targs=(train --dataset "$ds" --profile "$profile" --seed 0 --device "${DEVICE:-auto}"
-         --threads $((THREADS / JOBS > 0 ? THREADS / JOBS : 1)) --no-progress)
+         --threads "$lane_threads" --no-progress)
   [ -n "$overrides" ] && targs+=(--overrides "$overrides")
   lanes=$(mktemp -d)
   # shellcheck disable=SC2086  # methods: one word per method
@@ -174,7 +175,7 @@ if [ "$JOBS" -gt 1 ]; then
     (
       lrc=0 lworked=0
       # the CPU's share of this lane, for torch and for scikit-learn's EM (OpenMP, BLAS)
-      export OMP_NUM_THREADS=$((THREADS / JOBS > 0 ? THREADS / JOBS : 1))
+      export OMP_NUM_THREADS=$lane_threads
       for m in $lane; do
         t=$(left)
         if spent "$t"; then

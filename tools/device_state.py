@@ -179,11 +179,11 @@ def absorb(files_at: Path, stage: str, dest: Path, batch_mib: float, log=print) 
     archive = record["archive"]
     if archive["parts"] and archive["seq"] not in {a["seq"] for a in ledger["archives"]}:
         size = sum(p["bytes"] for p in archive["parts"])
-        batches = sorted(folder.glob("batch-*"), key=lambda b: int(b.name.split("-")[1]))
+        batches = _batches(folder)
         last = batches[-1] if batches else None
         used = sum(f.stat().st_size for f in last.iterdir()) if last else 0
         if last is None or used + size > batch_mib * MIB:  # numbered after the last (pruned
-            number = int(last.name.split("-")[1]) + 1 if last else 1  # ones leave gaps)
+            number = _batch_number(last) + 1 if last else 1  # ones leave gaps)
             last = folder / f"batch-{number}"
         last.mkdir(parents=True, exist_ok=True)
         for p in archive["parts"]:
@@ -234,6 +234,15 @@ def prune(ledger: dict, folder: Path, present: list[str] | None) -> int:
     return len(archives) - len(kept)
 
 
+def _batch_number(batch: Path) -> int:
+    return int(batch.name.split("-")[1])
+
+
+def _batches(folder: Path) -> list[Path]:
+    """The ``batch-<n>`` folders of a stage's state, by number (batch-10 after batch-9)."""
+    return sorted(folder.glob("batch-*"), key=_batch_number)
+
+
 def restore(carried: Path, stage: str, results: Path, gather: Path, log=print) -> int:
     """Unpack the carried state into a bare results folder, once every batch has come."""
     ledger = _read(carried / LEDGER, None)
@@ -246,7 +255,7 @@ def restore(carried: Path, stage: str, results: Path, gather: Path, log=print) -
         log("device_state: the carried state is already unpacked here")
         return 0
     gather.mkdir(parents=True, exist_ok=True)
-    for batch in sorted(carried.glob("batch-*")):
+    for batch in _batches(carried):
         for part in batch.iterdir():
             if not (gather / part.name).exists():
                 shutil.copyfile(part, gather / part.name)
@@ -291,11 +300,7 @@ def plan(stage: str, dataset: str | None, devstate: Path, devdata: Path, limit_m
     if dataset:
         items += [(p, _size(p)) for p in sorted((devdata / dataset).glob("part-*"))]
     ledger_file = devstate / stage / LEDGER
-    batches = (
-        sorted((devstate / stage).glob("batch-*"), key=lambda b: int(b.name.split("-")[1]))
-        if ledger_file.exists()
-        else []
-    )
+    batches = _batches(devstate / stage) if ledger_file.exists() else []
     items += [(b, _size(b)) for b in batches]
     fixed = project_mib * MIB + (ledger_file.stat().st_size if ledger_file.exists() else 0)
     calls, current, used = [], [], fixed
