@@ -289,8 +289,11 @@ class RunTimes:
     def add_call(self, seconds: float, stopped: str, jobs: int = 1, then_run=False) -> None:
         """Record the lanes of a device call (``tools/device_run.sh``: ``jobs`` trainings at
         once) that ``ccu run`` follows in the same call (``then_run``) or not."""
-        call = {SECONDS: seconds, STOPPED: stopped, **({JOBS: jobs} if jobs > 1 else {})}
-        call.update({THEN_RUN: True} if then_run else {})
+        call = {SECONDS: seconds, STOPPED: stopped}
+        if jobs > 1:
+            call[JOBS] = jobs
+        if then_run:
+            call[THEN_RUN] = True
         with self._locked():
             self._read()
             self.calls = [*self.calls, call]

@@ -182,8 +182,9 @@ def absorb(files_at: Path, stage: str, dest: Path, batch_mib: float, log=print) 
         batches = _batches(folder)
         last = batches[-1] if batches else None
         used = sum(f.stat().st_size for f in last.iterdir()) if last else 0
-        if last is None or used + size > batch_mib * MIB:  # numbered after the last (pruned
-            number = _batch_number(last) + 1 if last else 1  # ones leave gaps)
+        if last is None or used + size > batch_mib * MIB:
+            # numbered after the last one, not by count: pruned batches leave gaps
+            number = _batch_number(last) + 1 if last else 1
             last = folder / f"batch-{number}"
         last.mkdir(parents=True, exist_ok=True)
         for p in archive["parts"]:
