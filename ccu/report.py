@@ -324,6 +324,39 @@ def pipeline_benchmarks(directory: Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns, index=index)
 
 
+#: the new pipeline's variants of ``benchmarks/bench_gpu.py`` (column: its epoch-time field)
+PIPELINE_VARIANTS = {
+    "float32": "new_epoch_s",
+    "bf16": "new_bf16_epoch_s",
+    "channels_last": "new_channels_last_epoch_s",
+    "compiled": "new_compile_epoch_s",
+    "float32 (compile run)": "compile_run_new_epoch_s",
+}
+
+
+def pipeline_variants(directory: Path | None = None) -> pd.DataFrame:
+    """The epoch times (s) of the new pipeline's variants in the committed runs of
+    ``benchmarks/bench_gpu.py`` (chapter *Training*): one row per device, network and method,
+    one column per variant (:data:`PIPELINE_VARIANTS`; NaN where a run did not time it). A
+    compiled epoch is timed in a run of its own: compare it with that run's float32 epoch
+    (``float32 (compile run)``), the other variants with ``float32``. Rows without any
+    variant are left out; empty when none is committed."""
+    rows, index = [], []
+    for path in sorted(Path(directory or BENCHMARKS).glob("bench_gpu_*.json")):
+        result = json.loads(path.read_text())
+        for kind in ("lenet", "resnet18"):
+            r = result.get(kind)
+            for method in ("Base", "CCU") if r is not None else ():
+                row = [r[method].get(field, np.nan) for field in PIPELINE_VARIANTS.values()]
+                if all(np.isnan(v) for v in row[1:]):
+                    continue
+                index.append((result["device"], kind, method))
+                rows.append(row)
+    names = ["device", "network", "method"]
+    index = pd.MultiIndex.from_tuples(index, names=names) if index else None
+    return pd.DataFrame(rows, columns=list(PIPELINE_VARIANTS), index=index)
+
+
 #: issue 19's speed targets for an H200, as (label, network, what, bound, at most): the epochs
 #: at full size (60,000 + 60,000 MNIST-sized, 50,000 + 50,000 CIFAR-sized images)
 GPU_TARGETS = (
@@ -362,11 +395,12 @@ def gpu_benchmark_targets(directory: Path | None = None) -> pd.DataFrame:
                 value = r["ccu_over_base_step"]
             else:
                 attack = r.get("attack")
-                if attack is None:
-                    continue
-                value = attack["seconds"] * 200 / attack["seeds"]
-                if attack["seeds"] != 200:
-                    note = f"scaled linearly from {attack['seeds']} seeds"
+                if attack is None:  # e.g. a run stopped by its time box before the attack
+                    value = np.nan
+                else:
+                    value = attack["seconds"] * 200 / attack["seeds"]
+                    if attack["seeds"] != 200:
+                        note = f"scaled linearly from {attack['seeds']} seeds"
             if np.isnan(value):  # e.g. a run with --skip-old: no speed-up to judge
                 met, note = None, "not measured"
             else:

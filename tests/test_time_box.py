@@ -510,3 +510,101 @@ def test_absorb_drops_archives_a_fresh_machine_no_longer_needs(tmp_path):
     got = {p.relative_to(fresh).as_posix() for p in fresh.rglob("*") if p.is_file()}
     assert got - {".st.restored.json"} == {model, cfg}
     assert (fresh / cfg).read_text() == '{"c": 2}'
+
+
+def test_send_brings_back_the_most_device_seconds_and_no_finished_checkpoint(tmp_path):
+    """The H200 lease of issue 19: after 4 lanes, Base (154 s), Maha (8 s) had finished and
+    CCU (465 s so far) was at epoch 85. Smallest-first sent Base's left-over 39 MiB epoch
+    checkpoint and Maha's model, and CCU's checkpoint was lost with the machine. ``send``
+    brings back what is worth the most device seconds and never a finished method's
+    checkpoint; the next call (the same warm machine) sends the rest."""
+    import doctest
+    import sys
+
+    sys.path.insert(0, str(cli.REPO / "tools"))
+    import device_state
+
+    assert doctest.testmod(device_state).failed == 0
+    mib = device_state.MIB
+    rng = np.random.default_rng(0)
+    results, dest = tmp_path / "res", tmp_path / "devstate"
+    seed = results / "paper" / "mnist" / "seed0"
+    sizes = {"Base/model.pt": 13, "Base/scores.npz": 0.5, "Base/checkpoint.pt": 39,
+             "Maha/model.pt": 17, "CCU/checkpoint.pt": 53}  # fmt: skip
+    for rel, size in sizes.items():
+        (seed / rel).parent.mkdir(parents=True, exist_ok=True)
+        (seed / rel).write_bytes(rng.bytes(int(size * mib)))  # incompressible, as weights
+    for method in ("Base", "Maha"):
+        (seed / method / "config.json").write_text("{}")
+    (seed / "CCU" / "config.pending.json").write_text("{}")
+    times = {"methods": {"Base": 154.0, "Maha": 7.7}, "pending": {"CCU": 465.1}, "calls": []}
+    (seed / "run_times.json").write_text(json.dumps(times))
+
+    def call(k: int) -> dict:
+        out = tmp_path / f"out{k}"
+        out.mkdir()
+        (out / "mnist-paper.log").write_text("log\n")
+        ledger = dest / "mnist-paper" / "ledger.json"
+        record = device_state.send(results, ["paper/mnist"], "mnist-paper", out,
+                                   ledger if ledger.exists() else None, None, 15.0,
+                                   log=lambda m: None)  # fmt: skip
+        device_state.absorb(out, "mnist-paper", dest, 28.0, log=lambda m: None)
+        return record
+
+    first = call(1)
+    sent = set(first["archive"]["files"])
+    ckpt = "paper/mnist/seed0/CCU/checkpoint.pt"
+    assert ckpt in sent and "paper/mnist/seed0/run_times.json" in sent
+    assert first["archive"]["files"][ckpt]["seconds"] == 465.1
+    left = "paper/mnist/seed0/Base/checkpoint.pt"
+    assert left not in sent and left not in first["pending"] and left not in first["present"]
+    assert set(first["pending"]) == {f"paper/mnist/seed0/{r}" for r in sizes} - {ckpt, left}
+    second = call(2)
+    assert not second["pending"] and set(second["archive"]["files"]) == set(first["pending"])
+    # the checkpoint, resent after more epochs, is worth only what it gained
+    (seed / "CCU" / "checkpoint.pt").write_bytes(rng.bytes(53 * mib))
+    times["pending"]["CCU"] = 500.0
+    (seed / "run_times.json").write_text(json.dumps(times))
+    third = call(3)
+    assert ckpt in third["archive"]["files"] and not third["pending"]
+    worth = device_state.seconds_of(results, "paper/mnist/seed0/CCU")
+    assert worth == 500.0 and device_state.seconds_of(results, "paper/mnist/seed0/Base") == 154.0
+    # a fresh machine gets the finished methods and the last checkpoint, no left-over one
+    fresh = tmp_path / "fresh"
+    rc = device_state.restore(dest / "mnist-paper", "mnist-paper", fresh, tmp_path / "g",
+                              log=lambda m: None)  # fmt: skip
+    assert rc == 0 and (fresh / ckpt).read_bytes() == (seed / "CCU" / "checkpoint.pt").read_bytes()
+    assert not (fresh / left).exists() and (fresh / "paper/mnist/seed0/Maha/model.pt").exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_send_only_trains_nothing_and_sends_what_an_earlier_call_could_not(tmp_path):
+    """A call whose $OUT had no room left keeps its state on the (warm) machine; then
+    ``SEND_ONLY=1`` sends it without training another epoch."""
+    env = dict(os.environ, CCU_RESULTS=str(tmp_path / "res"), STOP_AFTER="0.001", DEVICE="cpu",
+               REFERENCE_OUT=str(tmp_path / "ref"), THREADS="1",
+               CCU_DATA_ROOT=str(tmp_path / "data"))  # fmt: skip
+
+    def call(name: str, **extra) -> tuple[subprocess.CompletedProcess, dict]:
+        out = tmp_path / name
+        run = subprocess.run(["bash", "tools/device_run.sh", "smoke-resume"], cwd=cli.REPO,
+                             env=dict(env, OUT=str(out), **extra), capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+        return run, json.loads((out / "smoke-resume.ledger.json").read_text())
+
+    full = tmp_path / "full"
+    full.mkdir()
+    for k in range(6):  # with the log and the tgz: no file left for a part
+        (full / f"other-{k}").write_text("x")
+    run, first = call("full")
+    assert run.returncode == 75 and not first["archive"]["parts"] and first["pending"]
+    ckpt = next((tmp_path / "res").rglob("checkpoint.pt"))
+    before = (ckpt.read_bytes(), ckpt.stat().st_mtime_ns)
+    run, second = call("send", SEND_ONLY="1")
+    assert run.returncode == 75, run.stdout + run.stderr
+    assert "SEND_ONLY=1: no training" in run.stdout and "sent what fits" in run.stdout
+    assert set(second["archive"]["files"]) == set(first["pending"]) and not second["pending"]
+    assert (ckpt.read_bytes(), ckpt.stat().st_mtime_ns) == before  # no epoch trained
+    bad = subprocess.run(["bash", "tools/device_run.sh", "smoke-resume"], cwd=cli.REPO,
+                         env=dict(env, SEND_ONLY="yes"), capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "SEND_ONLY must be 0 or 1" in bad.stderr

@@ -59,8 +59,12 @@
 # --stop-after` per method, THREADS/JOBS CPU threads each), then one `ccu run` loads them all
 # and attacks. Same results folders, same exit codes, same resumption as JOBS=1 (the default).
 #
+# The lease's last minutes: when a call's log says "N still on the device only" (state that did
+# not fit the call's 64 MiB back), SEND_ONLY=1 bash tools/device_run.sh mnist-paper trains
+# nothing and sends the next share of it (seconds; exit 75); absorb it as after every call.
+#
 # Environment: STOP_AFTER, HARD_LIMIT, JOBS, METHODS (space-separated), EPOCHS or OVERRIDES (JSON),
-# DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results), CCU_RESULTS, CCU_DEVDATA,
+# SEND_ONLY (0), DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results), CCU_RESULTS, CCU_DEVDATA,
 # CCU_OFFLINE_DATA (when set: used as is, nothing gathered), DEVSTATE (.devstate: the carried
 # state), CCU_DEVSTATE (/tmp/ccu-devstate: where its batches gather),
 # CCU_COMMIT=<sha> when the copied tree's .git is not current (the results record the commit).
@@ -77,6 +81,11 @@ STOP_AFTER=${STOP_AFTER:-480}
 HARD_LIMIT=${HARD_LIMIT:-560}
 case $JOBS in
   '' | *[!0-9]* | 0) echo "JOBS must be a positive integer (processes at once), not '$JOBS'" >&2; exit 2 ;;
+esac
+SEND_ONLY=${SEND_ONLY:-0}
+case $SEND_ONLY in
+  0 | 1) ;;
+  *) echo "SEND_ONLY must be 0 or 1 (1: train nothing, only send the state), not '$SEND_ONLY'" >&2; exit 2 ;;
 esac
 case $HARD_LIMIT in
   '' | *[!0-9]* | 0) echo "HARD_LIMIT must be a positive whole number of seconds, not '$HARD_LIMIT'" >&2; exit 2 ;;
@@ -159,7 +168,10 @@ left() { awk -v s="$STOP_AFTER" -v e=$((SECONDS - t0)) 'BEGIN { print s - e }'; 
 spent() { awk -v l="$1" 'BEGIN { exit !(l <= 0) }'; }
 rc=0
 worked=0
-if [ "$JOBS" -gt 1 ]; then
+if [ "$SEND_ONLY" = 1 ]; then
+  say "$stage: SEND_ONLY=1: no training, no attack; only the state not sent yet"
+  rc=75
+elif [ "$JOBS" -gt 1 ]; then
   # lanes: JOBS processes at once on the GPU, each training its methods one after another
   # (ccu train --stop-after, tools/device_lanes.py); then one ccu run loads them and attacks
   lane_threads=$((THREADS / JOBS > 0 ? THREADS / JOBS : 1))
@@ -216,7 +228,7 @@ if [ "$rc" = 0 ]; then
     t=0.001
   fi
 fi
-if [ "$JOBS" -gt 1 ]; then
+if [ "$JOBS" -gt 1 ] && [ "$SEND_ONLY" = 0 ]; then
   # the lanes in the run's calls: table1.json's wall time and calls include them
   then_run=0
   [ "$rc" = 0 ] && then_run=1
@@ -274,8 +286,12 @@ python3 tools/device_state.py send --results "$CCU_RESULTS" --stage "$stage" --o
   --names "$label/$ds" "$train_label/$ds" "${ledger[@]}" 2>&1 | tee -a "$log"
 case $rc in
   0) say "$stage done: $ref in $OUT/$stage.tgz" ;;
-  75) say "$stage stopped for time; run the same stage again to continue (resumes while this" \
-          "machine is warm)" ;;
+  75) if [ "$SEND_ONLY" = 1 ]; then
+        say "$stage: sent what fits; SEND_ONLY=1 again for more, or without it to train on"
+      else
+        say "$stage stopped for time; run the same stage again to continue (resumes while this" \
+            "machine is warm)"
+      fi ;;
   124 | 130 | 137) say "$stage interrupted at the hard limit (${HARD_LIMIT} s); finished work is saved;" \
                 "run the same stage again to continue"; rc=75 ;;
   *) say "$stage failed (exit $rc); see $log" ;;

@@ -7,10 +7,13 @@ run's results folder travels in pieces, and a ledger says which pieces exist:
 
 * ``send`` (on the device, at the end of every call of ``tools/device_run.sh``): every file of
   the stage's results folders (trained models, epoch checkpoints, scores, JSON) that has not been
-  sent yet in this lease or an earlier one (the carried ledger says which) is packed, small and
-  finished things first, into one ``tar.gz`` split into parts of at most ``--part-mib`` (15 MiB)
-  in ``$OUT``, as many as fit beside what is already there (64 MiB and 8 files a call, the
-  ledger counted; ``--limit-mib`` caps it further); the rest waits for the next call. It writes
+  sent yet in this lease or an earlier one (the carried ledger says which) is packed into one
+  ``tar.gz`` split into parts of at most ``--part-mib`` (15 MiB) in ``$OUT``, as much as fits
+  beside what is already there (64 MiB and 8 files a call, the ledger counted; ``--limit-mib``
+  caps it further): the small files first, then the methods' big files (a finished method's
+  model and scores, an unfinished one's epoch checkpoint) chosen to bring back the most device
+  seconds (``run_times.json``), see :func:`choose`; the rest waits for the next call. A
+  finished method's epoch checkpoint is not state (nothing resumes from it) and never sent. It writes
   ``$OUT/<stage>.ledger.json``: the archive, its parts, every file sent (path, bytes, sha256)
   and what is still pending on the device.
 * ``absorb`` (here, after every call): moves the parts into ``.devstate/<stage>/`` (git-ignored),
@@ -83,15 +86,24 @@ def empty_ledger(stage: str) -> dict:
     return {"stage": stage, "archives": [], "files": {}, "pending": {}}
 
 
-def _priority(rel: str, size: int) -> tuple:
-    """Small and finished things first: JSON/CSV, then finished methods' files (a config.json
-    beside them), then the rest (epoch checkpoints of unfinished methods), smaller first."""
-    small = rel.endswith((".json", ".csv", ".txt"))
-    return (not small, "checkpoint" in rel, size, rel)
+#: a method's folder: its run is finished once ``config.json`` is there and no pending marker
+#: (ccu.results: the config is written last); the epoch checkpoint of a finished run is left
+#: over, not state: nothing resumes from it (39 MiB per LeNet of the full MNIST)
+CONFIG, PENDING, CHECKPOINT = "config.json", "config.pending.json", "checkpoint.pt"
+#: ``run_times.json`` beside the methods' folders (ccu.steps.RunTimes): the device seconds of
+#: each finished method ("methods") and those spent so far on each unfinished one ("pending")
+RUN_TIMES = "run_times.json"
+#: the knapsack's unit: sizes are rounded up to it, so a choice never overfills the room
+UNIT = MIB // 4
+
+
+def _small(rel: str) -> bool:
+    return rel.endswith((".json", ".csv", ".txt"))
 
 
 def collect(results: Path, names: list[str]) -> dict[str, dict]:
-    """Every file under ``results/<name>`` (lock files and temporaries left out)."""
+    """Every file under ``results/<name>`` that a fresh machine needs: lock files,
+    temporaries and finished methods' epoch checkpoints left out."""
     files = {}
     for name in names:
         root = results / name
@@ -100,9 +112,61 @@ def collect(results: Path, names: list[str]) -> dict[str, dict]:
         for path in sorted(root.rglob("*")):
             if not path.is_file() or path.name.endswith((".lock", ".tmp")):
                 continue
+            folder = path.parent
+            finished = (folder / CONFIG).is_file() and not (folder / PENDING).exists()
+            if path.name == CHECKPOINT and finished:
+                continue
             rel = path.relative_to(results).as_posix()
             files[rel] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
     return files
+
+
+def seconds_of(results: Path, folder: str) -> float | None:
+    """The device seconds the big files of a method's ``folder`` (relative to ``results``)
+    stand for: its finished training's, or what was spent so far on an unfinished one, from
+    ``run_times.json`` beside it; None where it does not say."""
+    method = folder.rsplit("/", 1)[-1]
+    times = _read(results / folder / ".." / RUN_TIMES, {})
+    if not isinstance(times, dict):
+        return None
+    finished = (results / folder / CONFIG).is_file() and not (results / folder / PENDING).exists()
+    value = times.get("methods" if finished else "pending", {}).get(method)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def choose(groups: dict[str, tuple[int, float | None]], room: float) -> list[str]:
+    """The groups (a method folder's big files, sent whole or not at all: ``(bytes, device
+    seconds)``) to send within ``room`` bytes: those that bring back the most device seconds
+    (an exact 0/1 knapsack over quarter-MiB units; a greedy smallest-first or best-ratio pick
+    loses: a 53 MiB CCU checkpoint of 465 s is worth more than a finished Base of 154 s beside
+    a Mahalanobis model of 8 s), then, in what is left, the groups of unknown worth, smaller
+    first. Written here because the standard library has no knapsack, and this script runs on
+    the device before anything is installed.
+
+    >>> choose({"CCU": (53 * MIB, 465.0), "Base": (13 * MIB, 154.0),
+    ...         "Maha": (17 * MIB, 8.0)}, 55 * MIB)
+    ['CCU']
+    >>> choose({"A": (MIB, 5.0), "B": (MIB, None), "C": (90 * MIB, 1e4)}, 3 * MIB)
+    ['A', 'B']
+    """
+    known = sorted(g for g, (_, v) in groups.items() if v is not None)
+    capacity = int(room // UNIT)
+    units = {g: -(-groups[g][0] // UNIT) for g in known}
+    # best[c]: (seconds, chosen groups) within c units, over the groups seen so far
+    best: list[tuple[float, tuple[str, ...]]] = [(0.0, ())] * (capacity + 1)
+    for g in known:
+        w, v = units[g], groups[g][1]
+        for c in range(capacity, w - 1, -1):
+            seconds = best[c - w][0] + v
+            if seconds > best[c][0]:
+                best[c] = (seconds, (*best[c - w][1], g))
+    chosen = list(best[capacity][1])
+    left = room - sum(groups[g][0] for g in chosen)
+    for g in sorted((g for g in groups if groups[g][1] is None), key=lambda g: (groups[g][0], g)):
+        if groups[g][0] <= left:
+            chosen.append(g)
+            left -= groups[g][0]
+    return chosen
 
 
 def room(out: Path, part_mib: float, limit_mib: float | None = None) -> float:
@@ -129,12 +193,31 @@ def send(results: Path, names, stage: str, out: Path, ledger_path: Path | None,
     have = {**ledger.get("files", {}), **sent_here}
     files = collect(results, list(names))
     new = {r: f for r, f in files.items() if have.get(r, {}).get("sha256") != f["sha256"]}
-    chosen, total, free = [], 0, room(out, part_mib, limit_mib)
-    for rel in sorted(new, key=lambda r: _priority(r, new[r]["bytes"])):
-        if total + new[rel]["bytes"] > free:
+    free = room(out, part_mib, limit_mib)
+    chosen, total = [], 0
+    for rel in sorted((r for r in new if _small(r)), key=lambda r: (new[r]["bytes"], r)):
+        if total + new[rel]["bytes"] <= free:
+            chosen.append(rel)
+            total += new[rel]["bytes"]
+    groups: dict[str, list[str]] = {}
+    for rel in (r for r in new if not _small(r)):
+        groups.setdefault(rel.rsplit("/", 1)[0], []).append(rel)
+    worth = {}
+    for folder, rels in groups.items():
+        seconds = seconds_of(results, folder)
+        size = sum(new[r]["bytes"] for r in rels)
+        if seconds is None:
+            worth[folder] = (size, None)
             continue
-        chosen.append(rel)
-        total += new[rel]["bytes"]
+        for r in rels:  # the ledger keeps it: a later call counts what came back
+            new[r] = {**new[r], "seconds": seconds}
+        # what came back before counts: a resent checkpoint is worth its newer epochs (never
+        # nothing: a stale one, of a run begun again, still goes where there is room)
+        held = max(have.get(r, {}).get("seconds", 0.0) for r in rels)
+        worth[folder] = (size, max(seconds - held, 1e-3))
+    for folder in choose(worth, free - total):
+        chosen += sorted(groups[folder])
+        total += worth[folder][0]
     seq = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
     parts = []
     if chosen:
