@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -275,6 +276,16 @@ def test_a_reduced_paper_run_never_writes_where_paper_runs_do(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the device script
+def _sent_files(record: dict) -> dict:
+    """The files of the archives that a ``device_state.send`` record sent whole."""
+    return {
+        rel: f
+        for a in record["archives"]
+        if a["seq"] != record["staging"]
+        for rel, f in a["files"].items()
+    }
+
+
 def _device_run_until_done(env: dict) -> tuple[list[int], subprocess.CompletedProcess]:
     """Run ``tools/device_run.sh smoke-resume`` as fresh calls until it stops exiting 75 (more
     to do): every exit code, and the last call's output."""
@@ -386,20 +397,24 @@ def test_a_checkpoint_over_44_mib_comes_back_in_one_call(tmp_path):
     (out / "mnist-paper.log").write_text("log\n")
     (out / "mnist-paper.tgz").write_bytes(rng.bytes(mib // 2))
     record = send(results("A"), out)
-    assert not record["pending"] and len(record["archive"]["files"]) == 2
+    assert not record["pending"] and len(_sent_files(record)) == 2
     files = [p for p in out.iterdir() if p.is_file()]
     assert len(files) <= device_state.OUT_FILES
     assert sum(p.stat().st_size for p in files) <= device_state.OUT_MIB * mib
     assert max(p.stat().st_size for p in files) <= 16 * mib
-    # a call whose $OUT is nearly full sends the small file and keeps the checkpoint for later
+    # a call whose $OUT is nearly full keeps the checkpoint for later, and its pending marker
+    # with it: a method's folder goes whole or not at all
     full = tmp_path / "full"
     full.mkdir()
     for k in range(6):
         (full / f"other-{k}").write_text("x")
     record = send(results("B"), full)
-    assert list(record["pending"]) == ["paper/mnist/seed0/CCU/checkpoint.pt"]
-    assert list(record["archive"]["files"]) == ["paper/mnist/seed0/CCU/config.pending.json"]
-    assert len([p for p in full.iterdir() if p.is_file()]) == device_state.OUT_FILES
+    assert sorted(record["pending"]) == [
+        "paper/mnist/seed0/CCU/checkpoint.pt",
+        "paper/mnist/seed0/CCU/config.pending.json",
+    ]
+    assert not record["archives"] and not record["staging"]  # 53 MiB: one call's worth
+    assert len([p for p in full.iterdir() if p.is_file()]) <= device_state.OUT_FILES
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -552,21 +567,23 @@ def test_send_brings_back_the_most_device_seconds_and_no_finished_checkpoint(tmp
         return record
 
     first = call(1)
-    sent = set(first["archive"]["files"])
+    sent = _sent_files(first)
     ckpt = "paper/mnist/seed0/CCU/checkpoint.pt"
     assert ckpt in sent and "paper/mnist/seed0/run_times.json" in sent
-    assert first["archive"]["files"][ckpt]["seconds"] == 465.1
+    assert sent[ckpt]["seconds"] == 465.1
     left = "paper/mnist/seed0/Base/checkpoint.pt"
     assert left not in sent and left not in first["pending"] and left not in first["present"]
-    assert set(first["pending"]) == {f"paper/mnist/seed0/{r}" for r in sizes} - {ckpt, left}
+    finished = {"Base/config.json", "Maha/config.json"}  # each only with its model
+    expected = {f"paper/mnist/seed0/{r}" for r in {*sizes, *finished} - {"CCU/checkpoint.pt"}}
+    assert set(first["pending"]) == expected - {left}
     second = call(2)
-    assert not second["pending"] and set(second["archive"]["files"]) == set(first["pending"])
+    assert not second["pending"] and set(_sent_files(second)) == set(first["pending"])
     # the checkpoint, resent after more epochs, is worth only what it gained
     (seed / "CCU" / "checkpoint.pt").write_bytes(rng.bytes(53 * mib))
     times["pending"]["CCU"] = 500.0
     (seed / "run_times.json").write_text(json.dumps(times))
     third = call(3)
-    assert ckpt in third["archive"]["files"] and not third["pending"]
+    assert ckpt in _sent_files(third) and not third["pending"]
     worth = device_state.seconds_of(results, "paper/mnist/seed0/CCU")
     assert worth == 500.0 and device_state.seconds_of(results, "paper/mnist/seed0/Base") == 154.0
     # a fresh machine gets the finished methods and the last checkpoint, no left-over one
@@ -597,14 +614,175 @@ def test_send_only_trains_nothing_and_sends_what_an_earlier_call_could_not(tmp_p
     for k in range(6):  # with the log and the tgz: no file left for a part
         (full / f"other-{k}").write_text("x")
     run, first = call("full")
-    assert run.returncode == 75 and not first["archive"]["parts"] and first["pending"]
+    assert run.returncode == 75 and not first["archives"] and first["pending"]
     ckpt = next((tmp_path / "res").rglob("checkpoint.pt"))
     before = (ckpt.read_bytes(), ckpt.stat().st_mtime_ns)
     run, second = call("send", SEND_ONLY="1")
     assert run.returncode == 75, run.stdout + run.stderr
     assert "SEND_ONLY=1: no training" in run.stdout and "sent what fits" in run.stdout
-    assert set(second["archive"]["files"]) == set(first["pending"]) and not second["pending"]
+    assert set(_sent_files(second)) == set(first["pending"]) and not second["pending"]
     assert (ckpt.read_bytes(), ckpt.stat().st_mtime_ns) == before  # no epoch trained
     bad = subprocess.run(["bash", "tools/device_run.sh", "smoke-resume"], cwd=cli.REPO,
                          env=dict(env, SEND_ONLY="yes"), capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "SEND_ONLY must be 0 or 1" in bad.stderr
+
+
+def test_a_method_too_big_for_one_call_comes_back_over_several(tmp_path):
+    """The paper's deep ensemble is five LeNets, 62.5 MiB: more than one call brings back.
+    Its folder is staged on the device as one archive whose parts go out over several calls
+    (here at most 2.5 MiB a call, 1 MiB parts, a 5 MiB model); they wait here in transit
+    until the last one comes. Until then the ledger keeps DE's last checkpoint, and never its
+    config.json without its model: a machine given back before the end resumes DE from that
+    checkpoint. A call whose files are not absorbed, or a staging folder broken on the
+    device, loses nothing: the files are sent again."""
+    import sys
+
+    sys.path.insert(0, str(cli.REPO / "tools"))
+    import device_state
+
+    mib = device_state.MIB
+    rng = np.random.default_rng(1)
+    dest = tmp_path / "devstate"
+    de = "p/d/seed0/DE"
+
+    def machine(name: str, finished: bool):
+        seed = tmp_path / name / "p" / "d" / "seed0"
+        (seed / "DE").mkdir(parents=True, exist_ok=True)
+        if finished:
+            (seed / "DE" / "config.pending.json").unlink(missing_ok=True)
+            (seed / "DE" / "checkpoint.pt").write_bytes(rng.bytes(mib))  # left over: not state
+            (seed / "DE" / "model.pt").write_bytes(rng.bytes(5 * mib))  # 5 members' weights
+            (seed / "DE" / "config.json").write_text("{}")
+            times = {"methods": {"DE": 770.0}}
+        else:
+            (seed / "DE" / "checkpoint.pt").write_bytes(rng.bytes(mib // 2))  # epoch k
+            (seed / "DE" / "config.pending.json").write_text("{}")
+            times = {"pending": {"DE": 300.0}}
+        (seed / "run_times.json").write_text(json.dumps(times))
+        return tmp_path / name
+
+    calls = iter(range(100))
+
+    def call(results, absorb=True, **options) -> tuple[dict, dict]:
+        out = tmp_path / f"out{next(calls)}"
+        out.mkdir()
+        (out / "st.log").write_text("log\n")
+        ledger = dest / "st" / "ledger.json"
+        record = device_state.send(results, ["p/d"], "st", out,
+                                   ledger if ledger.exists() else None, 2.5, 1.0,
+                                   log=lambda m: None, **options)  # fmt: skip
+        files = [p for p in out.iterdir() if p.is_file()]
+        assert sum(p.stat().st_size for p in files) <= 2.5 * mib + 64 * 1024  # parts, ledger
+        logs = []
+        if absorb:
+            return record, device_state.absorb(out, "st", dest, 1.5, log=logs.append), logs
+        return record, None, logs
+
+    def restored(name: str) -> set[str]:
+        """What a fresh machine gets from the ledger here."""
+        fresh = tmp_path / name
+        rc = device_state.restore(dest / "st", "st", fresh, tmp_path / f"g-{name}",
+                                  log=lambda m: None)  # fmt: skip
+        assert rc == 0
+        return {p.relative_to(fresh).as_posix() for p in fresh.rglob("*") if p.is_file()}
+
+    # machine a: DE at an epoch, its checkpoint comes back whole; then DE finishes
+    a = machine("a", finished=False)
+    record, ledger, _ = call(a)
+    assert f"{de}/checkpoint.pt" in ledger["files"] and not record["staging"]
+    machine("a", finished=True)
+    record, ledger, _ = call(a)
+    assert record["staging"] and f"{de}/model.pt" in record["pending"]
+    assert f"{de}/config.json" not in _sent_files(record)  # never without its model
+    assert f"{de}/checkpoint.pt" in ledger["files"]  # kept while the model is on its way
+    # a goes back: a fresh machine resumes DE from its checkpoint, as unfinished
+    got = restored("fresh-1")
+    assert f"{de}/checkpoint.pt" in got and f"{de}/config.pending.json" in got
+    assert f"{de}/config.json" not in got
+    # machine b finishes DE again; a's transit parts go when b's first record comes
+    lost = {p["name"] for p in ledger["transit"][record["staging"]]["parts"]}
+    b = machine("b", finished=True)
+    record, ledger, logs = call(b)
+    assert list(ledger["transit"]) == [record["staging"]] and "can no longer" in logs[0]
+    assert not lost & {p.name for p in (dest / "st" / "transit").iterdir()}
+    # one of b's calls never reaches absorb: the archive cannot complete here, and says so
+    record, _, _ = call(b, absorb=False)
+    while record["staging"]:
+        record, ledger, logs = call(b)
+    assert f"{de}/model.pt" in ledger["pending"] and not ledger["transit"]
+    assert any("RESEND=1" in line for line in logs)
+    # RESEND: b forgets what it sent; all the ledger lacks comes again. A part lost from b's
+    # staging folder on the way (a broken staging) is packed again, too
+    record, ledger, _ = call(b, forget=True)
+    staged = next((tmp_path / "b" / ".st.staged").glob("*.part"))
+    staged.unlink()
+    for _ in range(12):
+        record, ledger, _ = call(b)
+        if not record["staging"] and not record["pending"]:
+            break
+    assert f"{de}/model.pt" in ledger["files"] and not ledger["transit"]
+    assert not ledger["pending"] and f"{de}/checkpoint.pt" not in ledger["files"]
+    batches = device_state._batches(dest / "st")
+    assert all(device_state._size(batch) <= 1.5 * mib for batch in batches)
+    assert not (tmp_path / "b" / ".st.staged").exists()
+    # a fresh machine: each call of the plan brings its batches; the run waits for all
+    carry = device_state.plan("st", None, dest, tmp_path, 3.0, 0.5, log=lambda m: None)
+    assert len(carry) > 1 and not any("transit" in c for call_ in carry for c in call_)
+    fresh, gather = tmp_path / "fresh", tmp_path / "gather"
+    codes = []
+    for i, paths in enumerate(carry):
+        carried = tmp_path / f"carried{i}"
+        for path in map(Path, paths):
+            if path.is_dir():
+                shutil.copytree(path, carried / path.name)
+            else:
+                carried.mkdir(exist_ok=True)
+                shutil.copy(path, carried / path.name)
+        codes.append(device_state.restore(carried, "st", fresh, gather, log=lambda m: None))
+    assert codes == [3] * (len(carry) - 1) + [0]
+    assert (fresh / de / "model.pt").read_bytes() == (b / de / "model.pt").read_bytes()
+    assert not (fresh / de / "checkpoint.pt").exists()
+    assert not (fresh / de / "config.pending.json").exists()
+
+
+def test_plan_packs_the_carried_items_into_the_fewest_calls(tmp_path):
+    """Data 40, batches 30, 20, 30 (KiB) within 60 a call: in order they take three calls,
+    biggest first two; the data and batches gather in any order before the run starts."""
+    import sys
+
+    sys.path.insert(0, str(cli.REPO / "tools"))
+    import device_state
+
+    (tmp_path / "data" / "ds" / "part-1").mkdir(parents=True)
+    (tmp_path / "data" / "ds" / "part-1" / "x").write_bytes(b"0" * 40 * 1024)
+    state = tmp_path / "state" / "st"
+    for k, kib in ((1, 30), (2, 20), (3, 30)):
+        (state / f"batch-{k}").mkdir(parents=True)
+        (state / f"batch-{k}" / "p.part").write_bytes(b"0" * kib * 1024)
+    (state / "ledger.json").write_text("{}")
+    limit = (60 * 1024 + 2) / device_state.MIB  # the ledger's 2 bytes ride with every call
+    calls = device_state.plan("st", "ds", tmp_path / "state", tmp_path / "data", limit, 0.0,
+                              log=lambda m: None)  # fmt: skip
+    names = [sorted(Path(p).name for p in call[:-1]) for call in calls]
+    assert names == [["batch-2", "part-1"], ["batch-1", "batch-3"]]
+    # with the device time left: each call's timeout, the run call's time box and lanes
+    lines = []
+    calls = device_state.plan("st", "ds", tmp_path / "state", tmp_path / "data", limit, 0.0,
+                              log=lines.append, budget_s=900, jobs=4)  # fmt: skip
+    assert len(calls) == 2 and "timeout_s 120" in lines[0] and "gathers only" in lines[0]
+    times = device_state.time_plan(1, 900, warm=False)
+    assert f"JOBS=4 STOP_AFTER={times['STOP_AFTER']} HARD_LIMIT={times['HARD_LIMIT']}" in lines[1]
+    assert f"timeout_s {times['timeout_s']}" in lines[1] and "SEND_ONLY=1" in lines[2]
+    # every second of the budget accounted for: start, gather call, run call, send calls
+    sends = device_state.SENDS
+    spent = device_state.START_S + device_state.CALL_S * (2 + sends) + device_state.GATHER_S
+    spent += sends * device_state.SEND_S + times["timeout_s"]
+    assert spent <= 900 and times["STOP_AFTER"] < times["HARD_LIMIT"] < times["timeout_s"]
+    lines.clear()
+    warm = device_state.plan("st", "ds", tmp_path / "state", tmp_path / "data", limit, 0.0,
+                             log=lines.append, budget_s=300, warm=True)  # fmt: skip
+    assert warm == [[]] and "timeout_s 210" in lines[0]  # 300 - 20 - 2 (20 + 15): no carry
+    lines.clear()
+    none = device_state.plan("st", "ds", tmp_path / "state", tmp_path / "data", limit, 0.0,
+                             log=lines.append, budget_s=139, warm=True)  # fmt: skip
+    assert none == [] and "give the machine back" in lines[0]

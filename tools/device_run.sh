@@ -40,11 +40,13 @@
 #   After EVERY call, here: python tools/device_state.py absorb <files_at> --stage mnist-paper
 #      Each call sends back, besides the log and <stage>.tgz, the state it made that earlier
 #      calls have not sent (trained models, epoch checkpoints; <stage>.state-*.part, at most
-#      what fits beside the other files of a call, small and finished things first) and <stage>.ledger.json; absorb keeps
-#      them in .devstate/<stage>/ (ignored). A later lease on a fresh machine resumes from them
-#      instead of starting over: `python tools/device_state.py plan --stage mnist-paper
-#      --dataset mnist` prints the calls and their carry lists (data parts, the ledger, state
-#      batches, each call within 64 MiB); the run starts once all have come (exit 3 before).
+#      what fits beside the other files of a call: the small files, then what brings back the
+#      most device seconds) and <stage>.ledger.json; absorb keeps them in .devstate/<stage>/
+#      (ignored). A later lease on a fresh machine resumes from them instead of starting over:
+#      `python tools/device_state.py plan --stage mnist-paper --dataset mnist --budget-s
+#      <budget_left_s> --jobs 4` prints the calls, their carry lists (data parts, the ledger,
+#      state batches, fewest calls within 64 MiB each) and their limits (timeout_s, STOP_AFTER,
+#      HARD_LIMIT from the device time left); the run starts once all have come (exit 3 before).
 #   4. here: tar xzf <files_at>/mnist-paper.tgz, then commit reference-results/paper/mnist/
 #      (table1.json, per-method config and metrics, radii.csv, figure2.npz, data_manifest.json:
 #      commit, device, torch version, data sha256, wall time per method).
@@ -61,10 +63,13 @@
 #
 # The lease's last minutes: when a call's log says "N still on the device only" (state that did
 # not fit the call's 64 MiB back), SEND_ONLY=1 bash tools/device_run.sh mnist-paper trains
-# nothing and sends the next share of it (seconds; exit 75); absorb it as after every call.
+# nothing and sends the next share of it (seconds; exit 75); absorb it as after every call. A
+# method too big for one call (DE: five LeNets, 62.5 MiB) comes back in parts over such calls.
+# RESEND=1 (with carry [".devstate/<stage>/ledger.json"], the ledger as absorbed here) sends
+# again all that ledger lacks: after a call whose files were not absorbed (absorb says so).
 #
 # Environment: STOP_AFTER, HARD_LIMIT, JOBS, METHODS (space-separated), EPOCHS or OVERRIDES (JSON),
-# SEND_ONLY (0), DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results), CCU_RESULTS, CCU_DEVDATA,
+# SEND_ONLY (0), RESEND (0), DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results), CCU_RESULTS, CCU_DEVDATA,
 # CCU_OFFLINE_DATA (when set: used as is, nothing gathered), DEVSTATE (.devstate: the carried
 # state), CCU_DEVSTATE (/tmp/ccu-devstate: where its batches gather),
 # CCU_COMMIT=<sha> when the copied tree's .git is not current (the results record the commit).
@@ -82,10 +87,14 @@ HARD_LIMIT=${HARD_LIMIT:-560}
 case $JOBS in
   '' | *[!0-9]* | 0) echo "JOBS must be a positive integer (processes at once), not '$JOBS'" >&2; exit 2 ;;
 esac
-SEND_ONLY=${SEND_ONLY:-0}
+SEND_ONLY=${SEND_ONLY:-0} RESEND=${RESEND:-0}
 case $SEND_ONLY in
   0 | 1) ;;
   *) echo "SEND_ONLY must be 0 or 1 (1: train nothing, only send the state), not '$SEND_ONLY'" >&2; exit 2 ;;
+esac
+case $RESEND in
+  0 | 1) ;;
+  *) echo "RESEND must be 0 or 1 (1: send again all the carried ledger lacks), not '$RESEND'" >&2; exit 2 ;;
 esac
 case $HARD_LIMIT in
   '' | *[!0-9]* | 0) echo "HARD_LIMIT must be a positive whole number of seconds, not '$HARD_LIMIT'" >&2; exit 2 ;;
@@ -122,14 +131,17 @@ log=$OUT/$stage.log
 : >"$log"
 say() { echo "device_run: $*" | tee -a "$log"; }
 
-# the data: parts carried in this call and earlier ones (while warm) gathered in one folder
+# the data: parts carried in this call and earlier ones (while warm) gathered in one folder;
+# a time-boxed stage gathers its carried state too before it stops for what is missing (a
+# call of the plan may carry state batches while a data part is still to come)
+data_rc=0
 if [ "$ds" != digits ] && [ -z "${CCU_OFFLINE_DATA:-}" ]; then
   export CCU_OFFLINE_DATA=${CCU_DEVDATA:-/tmp/ccu-devdata}/$ds
   python3 tools/pack_data.py --gather ".devdata/$ds" --into "$CCU_OFFLINE_DATA" 2>&1 | tee -a "$log"
-  rc=${PIPESTATUS[0]}
-  if [ "$rc" != 0 ]; then
+  data_rc=${PIPESTATUS[0]}
+  if [ "$data_rc" != 0 ]; then
     say "no run: the data of $ds is not complete (pack it: python tools/pack_data.py --dataset $ds)"
-    exit "$rc"
+    [ "$kind" = timeboxed ] || exit "$data_rc"
   fi
 fi
 
@@ -154,6 +166,7 @@ if [ -f "$DEVSTATE/$stage/ledger.json" ]; then
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || { say "no run: the carried state is not complete (see above)"; exit "$rc"; }
 fi
+[ "$data_rc" = 0 ] || exit "$data_rc"
 
 # the profile's name: paper, or paper-e30 &c. when overrides change it; the trained methods lie
 # under the name of its training fields alone (train_label: the same unless the attack changes)
@@ -282,6 +295,7 @@ rm -rf "$work"
 # the state (models, checkpoints) not yet sent: parts of one archive, small and finished first
 ledger=()
 [ -f "$DEVSTATE/$stage/ledger.json" ] && ledger=(--ledger "$DEVSTATE/$stage/ledger.json")
+[ "$RESEND" = 1 ] && ledger+=(--forget-sent)
 python3 tools/device_state.py send --results "$CCU_RESULTS" --stage "$stage" --out "$OUT" \
   --names "$label/$ds" "$train_label/$ds" "${ledger[@]}" 2>&1 | tee -a "$log"
 case $rc in
