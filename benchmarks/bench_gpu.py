@@ -257,7 +257,9 @@ def bench_attack(model, seeds, restarts, steps, device) -> dict:
     }
 
 
-def bench_network(kind: str, args, device) -> dict:
+def bench_network(kind: str, args, device, save=lambda out: None) -> dict:
+    """One network's timings; ``save(out)`` once both methods are timed and again after the
+    attack, so that a run stopped by a time limit during the attack keeps the epoch times."""
     dataset, n_full = NETWORKS[kind]
     n = args.n_train or n_full
     data = synthetic(dataset, n)
@@ -299,11 +301,13 @@ def bench_network(kind: str, args, device) -> dict:
     # a CCU step sees 128 in + 128 out images, a Base step 128: both ratios are reported
     out["ccu_over_base_step"] = out["CCU"]["new_epoch_s"] / out["Base"]["new_epoch_s"]
     out["ccu_over_base_per_image"] = out["ccu_over_base_step"] / 2
+    save(out)
     if args.seeds:
         model = build(kind, data, "CCU", args.fit_points, device).eval()
         seeds = ccu.data.uniform_noise(args.seeds, data.spec.shape, 1000)
         out["attack"] = bench_attack(model, seeds, args.restarts, args.attack_steps, device)
         print(kind, "attack", json.dumps(out["attack"]), flush=True)
+        save(out)
     return out
 
 
@@ -380,10 +384,15 @@ def main(argv=None):
     for kind in args.networks:
         if kind == "resnet18" and args.small:
             args.n_train = min(args.n_train, 1000)
-        result[kind] = bench_network(kind, args, device)
-        if args.out:  # after each network: a run stopped by a time limit keeps what it measured
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            write_json(args.out, result)  # atomic: whole or not at all
+
+        def save(out, kind=kind):  # a run stopped by a time limit keeps what it measured
+            if args.out:
+                result[kind] = out
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                write_json(args.out, result)  # atomic: whole or not at all
+
+        result[kind] = bench_network(kind, args, device, save)
+        save(result[kind])
     print(json.dumps(result, indent=2))
     for line in summary(result):
         print(line)

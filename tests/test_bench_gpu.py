@@ -25,6 +25,30 @@ def test_bench_gpu_runs_small(tmp_path):
     assert out.exists() and any("CCU step / Base step" in line for line in bench.summary(result))
 
 
+def test_a_bench_stopped_during_the_attack_keeps_its_epoch_times(tmp_path, monkeypatch):
+    """The H200 run's ResNet18 invocation ran out of its time box in the attack and lost
+    every ResNet18 row: --out is written once both methods are timed, before the attack."""
+    import json
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks/bench_gpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # timeout -s INT
+
+    monkeypatch.setattr(bench, "bench_attack", killed)
+    out = tmp_path / "bench.json"
+    args = ["--device", "cpu", "--networks", "lenet", "--n-train", "256", "--epochs", "1"]
+    args += ["--fit-points", "200", "--seeds", "3", "--restarts", "2", "--attack-steps", "2"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*args, "--skip-old", "--out", str(out)])
+    r = json.loads(out.read_text())["lenet"]
+    assert r["CCU"]["new_epoch_s"] > 0 and r["ccu_over_base_step"] > 0 and "attack" not in r
+
+
 def test_the_committed_timings_are_found_by_the_training_chapter():
     from ccu import report
 
