@@ -386,13 +386,12 @@ def main(argv=None):
             args.n_train = min(args.n_train, 1000)
 
         def save(out, kind=kind):  # a run stopped by a time limit keeps what it measured
+            result[kind] = out
             if args.out:
-                result[kind] = out
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 write_json(args.out, result)  # atomic: whole or not at all
 
-        result[kind] = bench_network(kind, args, device, save)
-        save(result[kind])
+        bench_network(kind, args, device, save)  # it saves its last state
     print(json.dumps(result, indent=2))
     for line in summary(result):
         print(line)

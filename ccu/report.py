@@ -294,6 +294,23 @@ def training_table(runs: dict) -> pd.DataFrame:
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks" / "timings"
 
 
+def _bench_rows(directory: Path | None):
+    """``(device, network, method, network's timings)`` of every committed run of
+    ``benchmarks/bench_gpu.py``, in file order."""
+    for path in sorted(Path(directory or BENCHMARKS).glob("bench_gpu_*.json")):
+        result = json.loads(path.read_text())
+        for kind in ("lenet", "resnet18"):
+            r = result.get(kind)
+            for method in ("Base", "CCU") if r is not None else ():
+                yield result["device"], kind, method, r
+
+
+def _bench_frame(rows: list, index: list, columns: list) -> pd.DataFrame:
+    names = ["device", "network", "method"]
+    index = pd.MultiIndex.from_tuples(index, names=names) if index else None
+    return pd.DataFrame(rows, columns=columns, index=index)
+
+
 def pipeline_benchmarks(directory: Path | None = None) -> pd.DataFrame:
     """The committed runs of ``benchmarks/bench_gpu.py`` (chapter *Training*), one row per
     device, network and method (the index): the old (host-fed) and the new (device-resident)
@@ -302,26 +319,20 @@ def pipeline_benchmarks(directory: Path | None = None) -> pd.DataFrame:
     columns = ["images", "old epoch (s)", "new epoch (s)", "speed-up", "images/s"]
     columns += ["loader speed-up"]
     rows, index = [], []
-    for path in sorted(Path(directory or BENCHMARKS).glob("bench_gpu_*.json")):
-        result = json.loads(path.read_text())
-        for kind in ("lenet", "resnet18"):
-            r = result.get(kind)
-            for method in ("Base", "CCU") if r is not None else ():
-                row = r[method]
-                index.append((result["device"], kind, method))
-                rows.append(
-                    [
-                        r["n_in"],
-                        row.get("old_epoch_s", np.nan),
-                        row["new_epoch_s"],
-                        row.get("speedup", np.nan),
-                        row["new_images_per_s"],
-                        r.get("loader_speedup", np.nan),
-                    ]
-                )
-    names = ["device", "network", "method"]
-    index = pd.MultiIndex.from_tuples(index, names=names) if index else None
-    return pd.DataFrame(rows, columns=columns, index=index)
+    for device, kind, method, r in _bench_rows(directory):
+        row = r[method]
+        index.append((device, kind, method))
+        rows.append(
+            [
+                r["n_in"],
+                row.get("old_epoch_s", np.nan),
+                row["new_epoch_s"],
+                row.get("speedup", np.nan),
+                row["new_images_per_s"],
+                r.get("loader_speedup", np.nan),
+            ]
+        )
+    return _bench_frame(rows, index, columns)
 
 
 #: the new pipeline's variants of ``benchmarks/bench_gpu.py`` (column: its epoch-time field)
@@ -342,19 +353,12 @@ def pipeline_variants(directory: Path | None = None) -> pd.DataFrame:
     (``float32 (compile run)``), the other variants with ``float32``. Rows without any
     variant are left out; empty when none is committed."""
     rows, index = [], []
-    for path in sorted(Path(directory or BENCHMARKS).glob("bench_gpu_*.json")):
-        result = json.loads(path.read_text())
-        for kind in ("lenet", "resnet18"):
-            r = result.get(kind)
-            for method in ("Base", "CCU") if r is not None else ():
-                row = [r[method].get(field, np.nan) for field in PIPELINE_VARIANTS.values()]
-                if all(np.isnan(v) for v in row[1:]):
-                    continue
-                index.append((result["device"], kind, method))
-                rows.append(row)
-    names = ["device", "network", "method"]
-    index = pd.MultiIndex.from_tuples(index, names=names) if index else None
-    return pd.DataFrame(rows, columns=list(PIPELINE_VARIANTS), index=index)
+    for device, kind, method, r in _bench_rows(directory):
+        row = [r[method].get(field, np.nan) for field in PIPELINE_VARIANTS.values()]
+        if not all(np.isnan(v) for v in row[1:]):
+            index.append((device, kind, method))
+            rows.append(row)
+    return _bench_frame(rows, index, list(PIPELINE_VARIANTS))
 
 
 #: issue 19's speed targets for an H200, as (label, network, what, bound, at most): the epochs

@@ -69,9 +69,9 @@
 # again all that ledger lacks: after a call whose files were not absorbed (absorb says so).
 #
 # Environment: STOP_AFTER, HARD_LIMIT, JOBS, METHODS (space-separated), EPOCHS or OVERRIDES (JSON),
-# SEND_ONLY (0), RESEND (0), DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results), CCU_RESULTS, CCU_DEVDATA,
-# CCU_OFFLINE_DATA (when set: used as is, nothing gathered), DEVSTATE (.devstate: the carried
-# state), CCU_DEVSTATE (/tmp/ccu-devstate: where its batches gather),
+# SEND_ONLY (0), RESEND (0), DEVICE (auto), THREADS (16), REFERENCE_OUT (reference-results),
+# CCU_RESULTS, CCU_DEVDATA, CCU_OFFLINE_DATA (when set: used as is, nothing gathered), DEVSTATE
+# (.devstate: the carried state), CCU_DEVSTATE (/tmp/ccu-devstate: where its batches gather),
 # CCU_COMMIT=<sha> when the copied tree's .git is not current (the results record the commit).
 # Exit codes: 0 done; 75 stopped for time, run the same stage again; 3 data or state missing
 # (carry the parts named); 2 bad usage; anything else: the run failed (see the log).
@@ -292,12 +292,13 @@ if [ "$(stat -c %s "$OUT/$stage.tgz")" -gt "$TGZ_LIMIT" ]; then
   tar czf "$OUT/$stage.tgz" -C "$work" --exclude='progress/*' progress "${items[@]}"
 fi
 rm -rf "$work"
-# the state (models, checkpoints) not yet sent: parts of one archive, small and finished first
-ledger=()
-[ -f "$DEVSTATE/$stage/ledger.json" ] && ledger=(--ledger "$DEVSTATE/$stage/ledger.json")
-[ "$RESEND" = 1 ] && ledger+=(--forget-sent)
+# the state (models, checkpoints) not yet sent: the small files, then what brings back the most
+# device seconds, as much as fits (tools/device_state.py)
+send_args=()
+[ -f "$DEVSTATE/$stage/ledger.json" ] && send_args=(--ledger "$DEVSTATE/$stage/ledger.json")
+[ "$RESEND" = 1 ] && send_args+=(--forget-sent)
 python3 tools/device_state.py send --results "$CCU_RESULTS" --stage "$stage" --out "$OUT" \
-  --names "$label/$ds" "$train_label/$ds" "${ledger[@]}" 2>&1 | tee -a "$log"
+  --names "$label/$ds" "$train_label/$ds" "${send_args[@]}" 2>&1 | tee -a "$log"
 case $rc in
   0) say "$stage done: $ref in $OUT/$stage.tgz" ;;
   75) if [ "$SEND_ONLY" = 1 ]; then

@@ -13,13 +13,13 @@ run's results folder travels in pieces, and a ledger says which pieces exist:
   caps it further): the small files first, then whole method folders (a finished method's
   model, scores and config.json together; an unfinished one's epoch checkpoint and pending
   marker) chosen to bring back the most device seconds (``run_times.json``), see
-  :func:`choose`; the rest waits for the next call. A
-  finished method's epoch checkpoint is not state (nothing resumes from it) and never sent. A
-  method whose files no call can bring back whole (the paper's deep ensemble: five LeNets,
-  62.5 MiB) gets an archive of its own, staged on the device, whose parts go out over this call
-  and the next ones (``SEND_ONLY=1 bash tools/device_run.sh <stage>``), in order. It writes
-  ``$OUT/<stage>.ledger.json``: the archive, its parts, every file sent (path, bytes, sha256)
-  and what is still pending on the device.
+  :func:`choose`; the rest waits for the next call. A finished method's epoch checkpoint is
+  not state (nothing resumes from it) and never sent. A method whose files no call can bring
+  back whole (the paper's deep ensemble: five LeNets, 62.5 MiB) gets an archive of its own,
+  staged on the device, whose parts go out over this call and the next ones (``SEND_ONLY=1
+  bash tools/device_run.sh <stage>``), in order. It writes ``$OUT/<stage>.ledger.json``: the
+  archives, their parts, every file sent (path, bytes, sha256), the archive still staged and
+  what is still pending on the device.
 * ``absorb`` (here, after every call): moves the parts into ``.devstate/<stage>/`` (git-ignored),
   in batches small enough to be carried next to the data (``--batch-mib``), and merges the
   ledger into ``.devstate/<stage>/ledger.json``. The parts of an archive still being sent wait
@@ -109,6 +109,11 @@ def _small(rel: str) -> bool:
     return rel.endswith((".json", ".csv", ".txt"))
 
 
+def _finished(folder: Path) -> bool:
+    """A method folder whose run is finished (ccu.results writes config.json last)."""
+    return (folder / CONFIG).is_file() and not (folder / PENDING).exists()
+
+
 def collect(results: Path, names: list[str]) -> dict[str, dict]:
     """Every file under ``results/<name>`` that a fresh machine needs: lock files,
     temporaries and finished methods' epoch checkpoints left out."""
@@ -120,9 +125,7 @@ def collect(results: Path, names: list[str]) -> dict[str, dict]:
         for path in sorted(root.rglob("*")):
             if not path.is_file() or path.name.endswith((".lock", ".tmp")):
                 continue
-            folder = path.parent
-            finished = (folder / CONFIG).is_file() and not (folder / PENDING).exists()
-            if path.name == CHECKPOINT and finished:
+            if path.name == CHECKPOINT and _finished(path.parent):
                 continue
             rel = path.relative_to(results).as_posix()
             files[rel] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
@@ -137,13 +140,13 @@ def seconds_of(results: Path, folder: str) -> float | None:
     times = _read(results / folder / ".." / RUN_TIMES, {})
     if not isinstance(times, dict):
         return None
-    finished = (results / folder / CONFIG).is_file() and not (results / folder / PENDING).exists()
-    value = times.get(RUN_TIMES_METHODS if finished else RUN_TIMES_PENDING, {}).get(method)
+    key = RUN_TIMES_METHODS if _finished(results / folder) else RUN_TIMES_PENDING
+    value = times.get(key, {}).get(method)
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def choose(groups: dict[str, tuple[int, float | None]], room: float) -> list[str]:
-    """The groups (a method folder's big files, sent whole or not at all: ``(bytes, device
+    """The groups (a method folder's new files, sent whole or not at all: ``(bytes, device
     seconds)``) to send within ``room`` bytes: those that bring back the most device seconds
     (an exact 0/1 knapsack over quarter-MiB units; a greedy smallest-first or best-ratio pick
     loses: a 53 MiB CCU checkpoint of 465 s is worth more than a finished Base of 154 s beside
