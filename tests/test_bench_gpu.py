@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not in the package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_bench_gpu_runs_small(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks/bench_gpu.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bench_gpu")
     out = tmp_path / "bench.json"
     args = ["--device", "cpu", "--networks", "lenet", "--n-train", "256", "--epochs", "1"]
     args += ["--fit-points", "200", "--seeds", "3", "--restarts", "2", "--attack-steps", "2"]
@@ -28,13 +39,7 @@ def test_bench_gpu_runs_small(tmp_path):
 def test_a_bench_stopped_during_the_attack_keeps_its_epoch_times(tmp_path, monkeypatch):
     """The H200 run's ResNet18 invocation ran out of its time box in the attack and lost
     every ResNet18 row: --out is written once both methods are timed, before the attack."""
-    import json
-
-    import pytest
-
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks/bench_gpu.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bench_gpu")
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt  # timeout -s INT
@@ -64,8 +69,6 @@ def test_the_committed_timings_are_found_by_the_training_chapter():
 
 
 def test_gpu_runs_are_judged_against_the_targets(tmp_path):
-    import json
-
     from ccu import report
 
     committed = report.gpu_benchmark_targets()
@@ -103,13 +106,7 @@ def test_gpu_runs_are_judged_against_the_targets(tmp_path):
 
 def test_bench_lanes_times_a_grid_per_number_of_lanes(tmp_path):
     """benchmarks/bench_lanes.py on the CPU's tiny grid: one fresh run per JOBS value."""
-    import json
-    import os
-    import sys
-
-    spec = importlib.util.spec_from_file_location("bench_lanes", ROOT / "benchmarks/bench_lanes.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bench_lanes")
     out = tmp_path / "lanes.json"
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     os.environ["PATH"], old = path, os.environ.get("PATH", "")

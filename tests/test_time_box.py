@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -15,6 +16,11 @@ from ccu import cli, config, steps
 from ccu import deadline as time_box
 from ccu import results as store
 from ccu.deadline import Deadline, StopForTime
+
+# the device scripts are not part of the package (they run on the device before it is installed)
+sys.path.insert(0, str(cli.REPO / "tools"))
+import device_lanes  # noqa: E402
+import device_state  # noqa: E402
 
 TINY = {"epochs": 2, "n_train": 400, "n_centres": 8, "attack_steps": 5, "attack_restarts": 1}
 PROF = config.get_profile("smoke", **TINY)  # smoke-e2-n400-centres8-steps5-restarts1
@@ -328,11 +334,6 @@ def test_a_fresh_machine_resumes_from_the_state_an_earlier_lease_sent_back(tmp_p
     """One call on machine A (CCU's first epoch), its state absorbed here; then a fresh machine
     B with the carried state: it resumes (no epoch trained twice), so it needs one call fewer
     than a bare machine's five."""
-    import sys
-
-    sys.path.insert(0, str(cli.REPO / "tools"))
-    import device_state
-
     devstate = tmp_path / "devstate"
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
@@ -373,11 +374,6 @@ def test_a_checkpoint_over_44_mib_comes_back_in_one_call(tmp_path):
     """The full MNIST's LeNet CCU checkpoint is 53 MiB: a fixed 44 MiB a call never sent it.
     ``send`` fills what is left of a call's 64 MiB and 8 files beside the files already in
     $OUT; what does not fit waits for the next call."""
-    import sys
-
-    sys.path.insert(0, str(cli.REPO / "tools"))
-    import device_state
-
     mib = device_state.MIB
     rng = np.random.default_rng(0)
 
@@ -457,11 +453,6 @@ def test_lanes_train_methods_at_once_and_end_with_the_same_files(tmp_path):
 
 
 def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
-    import sys
-
-    sys.path.insert(0, str(cli.REPO / "tools"))
-    import device_lanes
-
     grid = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU"]
     for jobs in (1, 2, 4, 11, 20):
         lanes = device_lanes.lanes(grid, jobs)
@@ -481,11 +472,6 @@ def test_absorb_drops_archives_a_fresh_machine_no_longer_needs(tmp_path):
     """Every call of a long training re-sends its checkpoint: the archives whose files are all
     in later ones, or gone from the device (a checkpoint deleted when its method finished), are
     dropped here, so a fresh lease carries one version, not one per call."""
-    import sys
-
-    sys.path.insert(0, str(cli.REPO / "tools"))
-    import device_state
-
     results, dest = tmp_path / "res", tmp_path / "devstate"
     ckpt, cfg, model = (
         "p/d/seed0/CCU/checkpoint.pt",
@@ -534,10 +520,6 @@ def test_send_brings_back_the_most_device_seconds_and_no_finished_checkpoint(tmp
     brings back what is worth the most device seconds and never a finished method's
     checkpoint; the next call (the same warm machine) sends the rest."""
     import doctest
-    import sys
-
-    sys.path.insert(0, str(cli.REPO / "tools"))
-    import device_state
 
     assert doctest.testmod(device_state).failed == 0
     mib = device_state.MIB
@@ -635,11 +617,6 @@ def test_a_method_too_big_for_one_call_comes_back_over_several(tmp_path):
     config.json without its model: a machine given back before the end resumes DE from that
     checkpoint. A call whose files are not absorbed, or a staging folder broken on the
     device, loses nothing: the files are sent again."""
-    import sys
-
-    sys.path.insert(0, str(cli.REPO / "tools"))
-    import device_state
-
     mib = device_state.MIB
     rng = np.random.default_rng(1)
     dest = tmp_path / "devstate"
@@ -748,11 +725,6 @@ def test_a_method_too_big_for_one_call_comes_back_over_several(tmp_path):
 def test_plan_packs_the_carried_items_into_the_fewest_calls(tmp_path):
     """Data 40, batches 30, 20, 30 (KiB) within 60 a call: in order they take three calls,
     biggest first two; the data and batches gather in any order before the run starts."""
-    import sys
-
-    sys.path.insert(0, str(cli.REPO / "tools"))
-    import device_state
-
     (tmp_path / "data" / "ds" / "part-1").mkdir(parents=True)
     (tmp_path / "data" / "ds" / "part-1" / "x").write_bytes(b"0" * 40 * 1024)
     state = tmp_path / "state" / "st"
