@@ -1,9 +1,14 @@
-"""GPU slots: on a machine with several GPUs every job gets its own (no GPU needed to test)."""
+"""GPU slots: on a machine with several GPUs every job gets its own (no GPU needed to test).
+
+No test here depends on how fast anything runs: a held slot is probed with ``timeout=0`` (a lock
+is either free or not, at once), a waiting job is followed by the events it signals, and a
+holder process keeps its slot until the test closes its stdin. Timeouts that remain are hang
+guards of minutes, never the thing a test measures."""
 
 import os
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 from filelock import Timeout
@@ -27,10 +32,10 @@ def test_each_holder_gets_its_own_gpu_and_a_released_one_is_reused(tmp_path):
     b = gpuslots.acquire(tmp_path, gpus)
     c = gpuslots.acquire(tmp_path, gpus)
     assert sorted([a.gpu, b.gpu, c.gpu]) == gpus
-    with pytest.raises(Timeout):  # all held: a fourth job waits
-        gpuslots.acquire(tmp_path, gpus, timeout=0.3, poll=0.05)
+    with pytest.raises(Timeout):  # all held: a fourth job would wait
+        gpuslots.acquire(tmp_path, gpus, timeout=0)
     b.release()
-    d = gpuslots.acquire(tmp_path, gpus, timeout=1)
+    d = gpuslots.acquire(tmp_path, gpus, timeout=0)  # free at once
     assert d.gpu == b.gpu
     for s in (a, c, d):
         s.release()
@@ -38,15 +43,25 @@ def test_each_holder_gets_its_own_gpu_and_a_released_one_is_reused(tmp_path):
 
 def test_a_waiting_job_says_so_and_gets_the_gpu_when_it_is_freed(tmp_path):
     held = gpuslots.acquire(tmp_path, ["7"])
-    said = []
-    start = time.monotonic()
-    with pytest.raises(Timeout):
-        gpuslots.acquire(tmp_path, ["7"], timeout=0.2, poll=0.05, announce=said.append)
-    assert time.monotonic() - start >= 0.2
-    assert said and "waiting" in said[0]
+    waiting = threading.Event()
+    said, got = [], []
+
+    def announce(message):
+        said.append(message)
+        waiting.set()
+
+    def job():  # waits without a time limit until the GPU is freed
+        got.append(gpuslots.acquire(tmp_path, ["7"], poll=0.01, announce=announce))
+
+    worker = threading.Thread(target=job, daemon=True)
+    worker.start()
+    assert waiting.wait(timeout=300), "the waiting job never said that it waits"  # hang guard
+    assert "waiting" in said[0] and not got  # it says so while the GPU is held
     held.release()
-    with gpuslots.acquire(tmp_path, ["7"], timeout=0.5) as again:
-        assert again.gpu == "7"
+    worker.join(timeout=300)  # hang guard
+    assert not worker.is_alive() and got[0].gpu == "7"
+    assert len(said) == 1  # said once, not at every poll
+    got[0].release()
 
 
 def test_assign_restricts_the_job_to_its_gpu_and_leaves_slurm_alone(tmp_path):
@@ -66,11 +81,11 @@ def test_assign_restricts_the_job_to_its_gpu_and_leaves_slurm_alone(tmp_path):
 
 
 HOLDER = """
-import os, sys, time
+import os, sys
 from ccu import gpuslots
 slot = gpuslots.assign(sys.argv[1], announce=lambda m: None)
 print(os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.read()  # hold the slot until the test closes stdin (or kills this process)
 """
 
 
@@ -78,16 +93,35 @@ def test_concurrent_processes_get_different_gpus_and_a_dead_one_frees_its_gpu(tm
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1")
     env.pop("SLURM_JOB_ID", None)
     cmd = [sys.executable, "-c", HOLDER, str(tmp_path)]
-    procs = [subprocess.Popen([*cmd, "3"], env=env, stdout=subprocess.PIPE, text=True)]
-    first = procs[0].stdout.readline().strip()
-    procs.append(subprocess.Popen([*cmd, "0"], env=env, stdout=subprocess.PIPE, text=True))
-    second = procs[1].stdout.readline().strip()
-    assert {first, second} == {"0", "1"}
-    procs[1].wait(timeout=30)
-    procs[0].kill()  # a killed job leaks nothing: its lock goes with it
-    procs[0].wait(timeout=30)
-    held = [gpuslots.acquire(tmp_path, ["0", "1"], timeout=2) for _ in range(2)]
+
+    def holder():
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)  # fmt: skip
+
+    first = holder()
+    try:
+        gpu_first = first.stdout.readline().strip()  # it holds its slot from here on
+        second = holder()
+        gpu_second = second.stdout.readline().strip()
+        assert {gpu_first, gpu_second} == {"0", "1"}
+        second.stdin.close()  # a job that ends frees its GPU
+        assert second.wait(timeout=300) == 0  # hang guard
+        again = gpuslots.acquire(tmp_path, ["0", "1"], timeout=0)
+        assert again.gpu == gpu_second
+        again.release()
+        with pytest.raises(Timeout):  # the first still holds its GPU: only the other is free
+            held = gpuslots.acquire(tmp_path, ["0", "1"], timeout=0)
+            try:
+                gpuslots.acquire(tmp_path, ["0", "1"], timeout=0)
+            finally:
+                held.release()
+    finally:
+        first.kill()  # a killed job leaks nothing: its lock goes with it
+        first.wait(timeout=300)
+    held = [gpuslots.acquire(tmp_path, ["0", "1"], timeout=0) for _ in range(2)]
     assert sorted(s.gpu for s in held) == ["0", "1"]
+    for s in held:
+        s.release()
 
 
 def test_several_jobs_share_a_gpu_after_every_gpu_has_one(tmp_path):
@@ -95,10 +129,10 @@ def test_several_jobs_share_a_gpu_after_every_gpu_has_one(tmp_path):
     held = [gpuslots.acquire(tmp_path, gpus, jobs_per_gpu=2) for _ in range(4)]
     # spread first: one job on each GPU, then a second on each
     assert [(s.gpu, s.job) for s in held] == [("0", 0), ("1", 0), ("0", 1), ("1", 1)]
-    with pytest.raises(Timeout):  # 2 GPUs x 2 jobs are held: a fifth waits
-        gpuslots.acquire(tmp_path, gpus, jobs_per_gpu=2, timeout=0.2, poll=0.05)
+    with pytest.raises(Timeout):  # 2 GPUs x 2 jobs are held: a fifth would wait
+        gpuslots.acquire(tmp_path, gpus, jobs_per_gpu=2, timeout=0)
     held[3].release()
-    again = gpuslots.acquire(tmp_path, gpus, jobs_per_gpu=2, timeout=1)
+    again = gpuslots.acquire(tmp_path, gpus, jobs_per_gpu=2, timeout=0)
     assert (again.gpu, again.job) == ("1", 1)
     for s in held[:3] + [again]:
         s.release()
