@@ -372,6 +372,12 @@ class MethodStore:
         self.pending_path = self.directory / "config.pending.json"
         self.checkpoint = self.directory / "checkpoint.pt"
 
+    def checkpoints(self) -> list[Path]:
+        """Every epoch checkpoint of the run: ``checkpoint.pt`` and those of the parts a method
+        trains one after another (DE's ``member<i>.checkpoint.pt``, named by
+        :meth:`ccu.methods.trained.DE.fit` after :attr:`checkpoint`)."""
+        return sorted(self.directory.glob(f"*{self.checkpoint.name}"))
+
     def path(self, name: str) -> Path:
         return self.directory / name
 
@@ -413,8 +419,11 @@ class MethodStore:
 
     def clear(self) -> None:
         """Remove the run's files (retrain): config first, so no partial set ever looks complete."""
-        for name in (CONFIG, *self.FINAL, "checkpoint.pt", "config.pending.json"):
+        for name in (CONFIG, *self.FINAL):
             self.path(name).unlink(missing_ok=True)
+        for path in self.checkpoints():
+            path.unlink(missing_ok=True)
+        self.pending_path.unlink(missing_ok=True)
 
     def start_training(self, config: dict) -> None:
         """Record the config being trained; a checkpoint of any other config is dropped (a
@@ -426,8 +435,9 @@ class MethodStore:
                 keep = False  # a pending marker is ours to rewrite: the checkpoint goes with it
         else:
             keep = False
-        if not keep:
-            self.checkpoint.unlink(missing_ok=True)
+        if not keep:  # every part's checkpoint: DE's members resume only their own run
+            for path in self.checkpoints():
+                path.unlink(missing_ok=True)
         write_json(self.pending_path, config)
 
     def save(self, state: dict, scores: dict, metrics: dict, config: dict) -> dict:

@@ -228,3 +228,32 @@ def test_atomic_writes_leave_no_temporary_files(tmp_path):
     (tmp_path / "c.json").write_text("{not json")
     with pytest.raises(results.CorruptResultError, match="c.json"):
         results.read_json(tmp_path / "c.json")
+
+
+def test_every_checkpoint_goes_with_its_configuration(tmp_path):
+    """DE trains its members one after another, each with ``member<i>.checkpoint.pt``: a run of
+    another configuration (or a retrain) must not resume from them, as it must not from
+    ``checkpoint.pt``; the same configuration resumes from all of them."""
+    files = results.MethodStore(tmp_path / "DE")
+    files.directory.mkdir()
+    names = ["checkpoint.pt", "member0.checkpoint.pt", "member4.checkpoint.pt"]
+    old = {"method": "DE", "seed": 0}
+
+    def leave_checkpoints():
+        for n in names:
+            (files.directory / n).write_bytes(b"state")
+
+    files.start_training(old)
+    leave_checkpoints()  # killed while training the last member
+
+    def left():
+        return sorted(p.name for p in files.directory.glob("*.pt"))
+
+    assert left() == names
+    files.start_training(old)  # the same configuration again (a resumed run): all kept
+    assert left() == names
+    files.start_training(dict(old, seed=1))  # another configuration: none is resumed
+    assert left() == []
+    leave_checkpoints()
+    files.clear()
+    assert sorted(p.name for p in files.directory.iterdir()) == []
