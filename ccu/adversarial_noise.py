@@ -11,8 +11,6 @@ Figures 2 and 3* (``book/adversarial_noise.ipynb``).
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,15 +21,10 @@ import torch
 from ccu import evaluate as ev
 from ccu import results as store
 from ccu.attacks import AttackResult, attack_batch_size, ball_attack
-from ccu.bounds import (
-    certified_mask,
-    certified_radius,
-    check_certificate,
-    confidence_bound,
-    images_inside_balls,
-)
+from ccu.balls import Balls, certify_balls, digest
+from ccu.bounds import certified_mask, certified_radius, check_certificate, confidence_bound
 from ccu.config import Profile, get_profile
-from ccu.data import Dataset, uniform_noise
+from ccu.data import Dataset
 from ccu.experiment import RunResult, _cuda_devices, log, median, progress_bar
 from ccu.records import (
     ATTACK_BOUND_VIOLATIONS,
@@ -46,21 +39,16 @@ from ccu.records import (
     CCU_MAX_FLOAT32_DEVIATION,
     CCU_POINTS_OUTSIDE_BALLS,
     CERTIFICATE,
-    CERTIFIED_AUC,
-    IMAGES_INSIDE_BALLS,
-    LEVEL,
     MAX_BOUND_OVER_BALLS,
     MAX_CONFIDENCE_FLOAT64,
     MAX_DISTANCE_OVER_RADIUS,
     MAX_FLOAT32_DEVIATION,
     MEDIAN_OWN_RADIUS,
-    MEDIAN_RADIUS,
     METHODS,
     N_ATTACKED,
     N_CENTRES,
     N_CERTIFIED,
     N_OWN_CERTIFIED,
-    N_UNCERTIFIED,
     OWN_CERTIFIED_AUC,
     PEAK_BOUND_VIOLATIONS,
     PEAK_MAX_CONFIDENCE_FLOAT64,
@@ -170,36 +158,45 @@ class AdversarialResult:
             ) from exc
 
 
-def _digest(*parts) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.tobytes() if isinstance(p, np.ndarray) else json.dumps(p, default=str).encode())
-    return h.hexdigest()
+def attack_key(balls: Balls, config: dict, prof: Profile, seed: int) -> str:
+    """What identifies one method's attack: the balls, the method's run (config key and files)
+    and the attack's budget and seed (the chunking is not part of it: it does not change the
+    attack); ``config``: the run's ``config.json``."""
+    return digest(
+        balls.key, store.config_key(config), config.get("files"), prof.attack_steps,
+        prof.attack_restarts, seed,
+    )  # fmt: skip
 
 
-def _attack_one(
-    name, run, centres, radii, model_metric, prof, seed, key, directory, attack_batch=None
-):
-    """One method's attack, or its saved result when the same attack already finished (the
-    chunking, ``attack_batch``, is not part of the key: it does not change the attack)."""
+def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, attack_batch=None):
+    """One method's attack in the certified ``balls`` (Table 1's row: TE, SR, AUC, ...), or
+    its saved result when the same attack already finished in ``directory``. A method with a
+    certifier (CCU, CCU-<family>) is also judged against its own Corollary 1 bound over the
+    balls (its row's ``certificate``, :func:`_own_certificate`). Saves
+    ``attack.<name>.json|npz`` and returns ``(row, worst points, worst scores)``."""
+    key = attack_key(balls, run.config, prof, seed)
     meta, arrays = store.attack_files(directory, name)
+    certifier = run.method.certifier()
     if meta.exists():
         saved = store.read_json(meta)
-        if saved.get(ATTACK_KEY) == key:
+        row = saved.get(ATTACK_ROW, {})
+        if saved.get(ATTACK_KEY) == key and (certifier is None or CERTIFICATE in row):
             got = store.read_npz(arrays) if arrays.exists() else None
             if got is None:
                 raise CorruptResultError(
                     f"{arrays} is missing though {meta} lists it; delete both to re-attack."
                 )
-            return saved[ATTACK_ROW], got["worst_x"], got["worst_score"]
+            return row, got["worst_x"], got["worst_score"]
     m = run.method
     m.model.eval()
     test_error = Metrics.from_json(run.metrics).test_error
+    ok = balls.ok
+    centres, radii = balls.centres[ok], balls.radii[ok]
     start = time.perf_counter()
     if len(centres):
         res, won = attack_method(
-            m, centres, radii, model_metric, prof.attack_steps, prof.attack_restarts, seed,
-            batch_size=attack_batch,
+            m, centres, radii, balls.metric.to(m.device), prof.attack_steps,
+            prof.attack_restarts, seed, batch_size=attack_batch,
         )  # fmt: skip
         worst = res.score.detach().cpu().double().numpy()
         worst_x = res.x.detach().cpu().numpy()
@@ -219,9 +216,20 @@ def _attack_one(
         row.update({MAX_DISTANCE_OVER_RADIUS: 0.0, SEEDS_WON_BY_SURROGATE: 0})
     row[N_ATTACKED] = len(centres)
     row[ATTACK_SECONDS] = time.perf_counter() - start
+    if certifier is not None:  # its certificate over these balls, judged in float64
+        own = balls.radii if _is_ball_run(name, run, balls) else None
+        row[CERTIFICATE] = _own_certificate(
+            certifier, worst_x, balls.centres, balls.radii, ok, balls.level,
+            run.scores["test_confidence"], own,
+        )  # fmt: skip
     store.write_npz(arrays, worst_x=worst_x, worst_score=worst)
     store.write_json(meta, {ATTACK_KEY: key, ATTACK_ROW: row})  # last: marks the attack as finished
     return row, worst_x, worst
+
+
+def _is_ball_run(name: str, run: RunResult, balls: Balls) -> bool:
+    """Whether ``run`` is the run that certified ``balls`` (its radii are its own)."""
+    return name == balls.summary[BALLS_FROM] and run.config.get("files") == balls.ball_run_files
 
 
 #: steps of each ascent of :func:`density_peaks` (log p_in, then the confidence)
@@ -329,6 +337,61 @@ def _own_certificate(
     return out
 
 
+def saved_balls(directory: Path) -> Balls:
+    """The balls certified for a run's attack (``ccu balls``), or :class:`ccu.checks.MissingError`
+    saying how to certify them."""
+    from ccu.checks import MissingError
+
+    if not Balls.exists(directory):
+        raise MissingError(
+            f"no certified balls in {directory}: run `ccu balls` (CCU trained) first, or attack "
+            "together with CCU (`ccu attack --method CCU ...`)."
+        )
+    return Balls.load(directory)
+
+
+def ensure_balls(name: str, run: RunResult, data: Dataset, prof: Profile, seed, level, directory):
+    """The balls of ``run`` (a certifying method, ``name``) in ``directory``: the saved ones when
+    the same run certified them at the same level and number of centres, else certified now
+    (:func:`ccu.balls.certify_balls`) and saved. Always the balls as read back from the file
+    (the attack uses the metric the file holds, in every process)."""
+    if Balls.exists(directory):
+        saved = Balls.load(directory)
+        same = (saved.summary.get(BALLS_FROM), saved.summary.get(N_CENTRES), saved.level)
+        if saved.ball_run_files == run.config.get("files") and same == (
+            name,
+            prof.n_centres,
+            level,
+        ):
+            return saved
+    balls = certify_balls(
+        name, run.method.certifier(), run.scores["test_confidence"], data, prof.n_centres, seed,
+        level, run.config.get("files"),
+    )  # fmt: skip
+    balls.save(directory)
+    return Balls.load(directory)
+
+
+def assemble(balls: Balls, rows: dict, worst_x: dict, worst_score: dict) -> AdversarialResult:
+    """Table 1 from the balls and each method's attack (:func:`attack_in_balls`): the balls'
+    summary, the ball method's certificate repeated in it (``ccu_bound_violations``, ...) and
+    every method's row. The ball method must be among ``rows``."""
+    ball_method = balls.summary[BALLS_FROM]
+    if ball_method not in rows:
+        raise ValueError(f"Table 1 needs the attack on {ball_method}, whose balls it attacks.")
+    summary = dict(balls.summary)
+    own = rows[ball_method][CERTIFICATE]
+    summary[CCU_BOUND_VIOLATIONS] = own[BOUND_VIOLATIONS]
+    summary[CCU_POINTS_OUTSIDE_BALLS] = own[POINTS_OUTSIDE_BALLS]
+    summary[CCU_MAX_CONFIDENCE_FLOAT64] = own[MAX_CONFIDENCE_FLOAT64]
+    summary[CCU_MAX_FLOAT32_DEVIATION] = own[MAX_FLOAT32_DEVIATION]
+    summary[METHODS] = rows
+    return AdversarialResult(
+        summary, balls.centres.numpy(), balls.radii.numpy(), balls.bound.numpy(), worst_x,
+        worst_score,
+    )  # fmt: skip
+
+
 def adversarial_noise(
     runs: dict[str, RunResult],
     data: Dataset,
@@ -341,14 +404,16 @@ def adversarial_noise(
     """Table 1: certify balls around uniform noise with CCU, attack every method inside them.
 
     The balls come from the ``"CCU"`` run (else the first run whose method has a certifier): its
-    metric and certified radii. Every method with a certifier (``CCU``, ``CCU-<family>``) is also
-    checked against its own Corollary 1 bound over those balls (``certificate`` in its row). The
-    ``n_centres`` uniform-noise centres (:attr:`ccu.Profile.n_centres`) whose bound at ``R = 0``
-    is above ``level / M`` are **uncertified**: they get no ball, are not attacked and are
-    counted apart (``n_certified``, ``n_uncertified``). Per method, over the certified centres:
-    TE, SR, AUC (strict: ties are failures), the worst scores and points. The certified AUC
-    counts uncertified centres as failures (no guarantee there). CCU's worst points are judged by
-    the float64 model (:func:`ccu.check_certificate`). Methods attacked before a kill are not
+    metric and certified radii (:func:`ensure_balls`, saved as ``balls.json|npz``: later
+    processes attack other methods in the same balls without CCU's model, ``ccu attack``).
+    Every method with a certifier (``CCU``, ``CCU-<family>``) is also checked against its own
+    Corollary 1 bound over those balls (``certificate`` in its row). The ``n_centres``
+    uniform-noise centres (:attr:`ccu.Profile.n_centres`) whose bound at ``R = 0`` is above
+    ``level / M`` are **uncertified**: they get no ball, are not attacked and are counted apart
+    (``n_certified``, ``n_uncertified``). Per method, over the certified centres: TE, SR, AUC
+    (strict: ties are failures), the worst scores and points. The certified AUC counts
+    uncertified centres as failures (no guarantee there). CCU's worst points are judged by the
+    float64 model (:func:`ccu.check_certificate`). Methods attacked before a kill are not
     attacked again. ``attack_batch``: iterates per score evaluation of the attack (``None``:
     sized to the device's free memory, :func:`ccu.attacks.attack_batch_size`; the paper's 200
     centres x 50 restarts run in a few chunks on a GPU). Saves ``table1.json`` and
@@ -363,61 +428,22 @@ def adversarial_noise(
         )
     ball_method = "CCU" if "CCU" in certifying else certifying[0]
     prof = profile if isinstance(profile, Profile) else get_profile(profile, data.name)
-    model = runs[ball_method].method.certifier()
     directory = store.adversarial_dir(prof, data.name, root, seed)
     with store.locked(directory, "the adversarial-noise experiment"):
-        centres = uniform_noise(prof.n_centres, data.spec.shape, seed + 1000)
-        radii = certified_radius(model, centres, level=level).cpu()
-        ok = certified_mask(radii)
-        bound = torch.full_like(radii, float("nan"))
-        if bool(ok.any()):
-            bound[ok] = confidence_bound(model, centres[ok], radii[ok]).cpu()
-        everything = torch.cat([data.train_x, data.test_x])
-        inside = images_inside_balls(model.metric, centres, radii, everything)[0]
-        ccu_conf = runs[ball_method].scores["test_confidence"]
-        guaranteed = torch.where(ok, bound, 1.0).numpy()  # no ball: no guarantee
-        summary = {
-            BALLS_FROM: ball_method,
-            N_CENTRES: prof.n_centres,
-            N_CERTIFIED: int(ok.sum()),
-            N_UNCERTIFIED: int((~ok).sum()),
-            LEVEL: level,
-            IMAGES_INSIDE_BALLS: int(inside.sum()),
-            CERTIFIED_AUC: ev.strict_auc(ccu_conf, guaranteed),
-            MEDIAN_RADIUS: median(radii[ok]) if bool(ok.any()) else float("nan"),
-        }
-        key_balls = _digest(
-            centres.numpy(), radii.numpy(), level, runs[ball_method].config.get("files")
-        )
+        balls = ensure_balls(ball_method, runs[ball_method], data, prof, seed, level, directory)
+        n_balls = int(balls.ok.sum())
         per_method, worst_x, worst_score = {}, {}, {}
-        bar = progress_bar(runs.items(), f"attack {data.name} ({int(ok.sum())} balls)", len(runs))
+        bar = progress_bar(runs.items(), f"attack {data.name} ({n_balls} balls)", len(runs))
         for name, run in bar:
             bar.set_postfix_str(name)
-            key = _digest(
-                key_balls, store.config_key(run.config), run.config.get("files"),
-                prof.attack_steps, prof.attack_restarts, seed,
-            )  # fmt: skip
-            per_method[name], worst_x[name], worst_score[name] = _attack_one(
-                name, run, centres[ok], radii[ok], model.metric, prof, seed, key, directory,
-                attack_batch,
-            )  # fmt: skip
+            per_method[name], worst_x[name], worst_score[name] = attack_in_balls(
+                name, run, balls, prof, seed, directory, attack_batch
+            )
             took = per_method[name].get(ATTACK_SECONDS, 0.0)
-            log(f"attacked {name} on {data.name} in {int(ok.sum())} balls ({took:.1f} s)")
-        for name in certifying:  # each certificate over these balls, judged in float64
-            per_method[name][CERTIFICATE] = _own_certificate(
-                runs[name].method.certifier(), worst_x[name], centres, radii, ok, level,
-                runs[name].scores["test_confidence"], radii if name == ball_method else None,
-            )  # fmt: skip
-        own = per_method[ball_method][CERTIFICATE]
-        summary[CCU_BOUND_VIOLATIONS] = own[BOUND_VIOLATIONS]
-        summary[CCU_POINTS_OUTSIDE_BALLS] = own[POINTS_OUTSIDE_BALLS]
-        summary[CCU_MAX_CONFIDENCE_FLOAT64] = own[MAX_CONFIDENCE_FLOAT64]
-        summary[CCU_MAX_FLOAT32_DEVIATION] = own[MAX_FLOAT32_DEVIATION]
-        summary[METHODS] = per_method
-        result = AdversarialResult(
-            summary, centres.numpy(), radii.numpy(), bound.numpy(), worst_x, worst_score
-        )
+            log(f"attacked {name} on {data.name} in {n_balls} balls ({took:.1f} s)")
+        result = assemble(balls, per_method, worst_x, worst_score)
         result.save(directory)
+        summary = result.summary
         log(
             f"adversarial noise on {data.name}: {summary[N_CERTIFIED]} of {prof.n_centres} centres "
             f"certified, CCU bound violations {summary[CCU_BOUND_VIOLATIONS]}"

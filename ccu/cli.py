@@ -4,6 +4,9 @@
     ccu train     --dataset D --method M        train (or load) one method, score test and OOD sets
     ccu evaluate  --dataset D --method M        OOD metrics recomputed from the saved scores
     ccu attack    --dataset D [--method M ...]  certify CCU's balls, attack every method in them
+    ccu balls     --dataset D                   certify CCU's balls once and save them; then
+    ccu attack    --dataset D --method M        (no CCU) attacks M in the saved balls
+    ccu part      --dataset D --method M        one finished method as a reference part
     ccu tables    --dataset D [--seed S ...]    Table 1/2, AUPR, P_Stats: mean ± sd over seeds
     ccu reference --dataset D --seed S          copy one seed's results as reference results
     ccu run       --dataset D ... --method ...  all of the above, in one process
@@ -163,12 +166,37 @@ def cmd_evaluate(args) -> int:
     return EXIT_OK
 
 
+def cmd_balls(args) -> int:
+    from ccu import steps
+    from ccu.records import BALLS_FROM, AttackSummary
+
+    spec = _spec(args)
+    balls = steps.balls_dataset(spec, _root(args))
+    head = AttackSummary.from_json(balls.summary)
+    print(
+        f"{args.dataset} (profile {spec.profile.name}, seed {args.seed}): {head.n_certified} of "
+        f"{head.n_centres} noise points certified by {balls.summary[BALLS_FROM]}, median radius "
+        f"{head.median_radius:.4g}; attack any trained method in them with `ccu attack "
+        f"--dataset {args.dataset} --method M`"
+    )
+    return EXIT_OK
+
+
 def cmd_attack(args) -> int:
     from ccu import report, steps
-    from ccu.records import AttackSummary
+    from ccu.records import AUC, SR, TE, AttackSummary
 
     spec = _spec(args)
     methods = args.method or steps.trained_methods(spec, _root(args))
+    if "CCU" not in methods and args.method:  # in the balls `ccu balls` saved
+        rows = steps.attack_in_saved_balls(spec, methods, _root(args))
+        for m, row in rows.items():
+            print(
+                f"{m} on {args.dataset} (profile {spec.profile.name}, seed {args.seed}), in the "
+                f"saved balls: TE {100 * row[TE]:.2f} %, SR {100 * row[SR]:.1f} %, "
+                f"AUC {100 * row[AUC]:.1f}"
+            )
+        return EXIT_OK
     s = steps.attack_dataset(spec, methods, _root(args)).summary
     head = AttackSummary.from_json(s)
     print(
@@ -213,6 +241,22 @@ def cmd_reference(args) -> int:
     return EXIT_OK
 
 
+def cmd_part(args) -> int:
+    from ccu.checks import profile
+    from ccu.reference_results import write_part
+
+    prof = profile(args.profile, args.overrides, args.dataset)
+    if not args.max_balls_mib >= 0:
+        raise UsageError(f"--max-balls-mib must be a size in MiB (>= 0), not {args.max_balls_mib}.")
+    for method in args.method:
+        out = write_part(
+            args.dataset, prof, args.seed, method, args.out, _root(args),
+            int(args.max_balls_mib * (1 << 20)),
+        )  # fmt: skip
+        print(f"the part of {method} on {args.dataset} (seed {args.seed}) written to {out}")
+    return EXIT_OK
+
+
 def cmd_run(args) -> int:
     """Every step for every (dataset, seed), one method after another; CCU first."""
     from ccu import steps
@@ -229,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser (:func:`ccu.cli_parser.build_parser`) with this module's commands."""
     commands = {
         "datasets": cmd_datasets, "methods": cmd_methods, "train": cmd_train,
-        "evaluate": cmd_evaluate, "attack": cmd_attack, "tables": cmd_tables,
-        "reference": cmd_reference, "run": cmd_run,
+        "evaluate": cmd_evaluate, "attack": cmd_attack, "balls": cmd_balls, "part": cmd_part,
+        "tables": cmd_tables, "reference": cmd_reference, "run": cmd_run,
     }  # fmt: skip
     return cli_parser.build_parser(commands)
 

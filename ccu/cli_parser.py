@@ -110,7 +110,8 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
             "attack",
             commands["attack"],
             True,
-            "certify CCU's balls around noise, attack every method",
+            "certify CCU's balls around noise, attack every method; without CCU among "
+            "--method: attack them in the balls `ccu balls` saved",
         ),
     ):
         p = sub.add_parser(name, parents=[common], help=text)
@@ -134,6 +135,39 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
                 "several at once on one GPU); the wall time goes into run_times.json",
             )
         p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "balls",
+        parents=[common],
+        help="certify CCU's balls around noise once and save them: `ccu attack --method M` "
+        "without CCU then attacks M in them, without CCU's model",
+    )
+    one(p, "--dataset", "dataset", datasets)
+    p.add_argument("--method", default="CCU", help="the certifying method (default CCU)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.set_defaults(func=commands["balls"])
+
+    p = sub.add_parser(
+        "part",
+        parents=[common],
+        help="one method's finished results as a reference-results part (no weights): config, "
+        "metrics, its attack in the saved balls; CCU's part also the balls",
+    )
+    one(p, "--dataset", "dataset", datasets)
+    one(p, "--method", "method", methods, many=True)
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument(
+        "--out", metavar="DIR", default="reference-results", help="default: reference-results"
+    )
+    p.add_argument(
+        "--max-balls-mib",
+        type=float,
+        default=16.0,
+        metavar="MIB",
+        help="the balls (metric included) join CCU's part only up to this size (default 16: "
+        "what git and one file back from a lent GPU take); larger ones stay in the results",
+    )
+    p.set_defaults(func=commands["part"])
 
     p = sub.add_parser("tables", parents=[common], help="the paper's tables, mean ± sd over seeds")
     one(p, "--dataset", "dataset", datasets, many=True)

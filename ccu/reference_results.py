@@ -15,6 +15,20 @@ Per dataset folder::
                                balls (Figure 2)
     comparison.csv             the density comparison (``densities/<profile>/<dataset>/`` only)
 
+A run on a lent GPU commits one method at a time, as it finishes, as a *part* (``ccu part``,
+:func:`write_part`; no weights): besides the method's config and metrics (and guarantees),
+
+    <method>.attack.json       its row of Table 1 (its attack in the saved balls), the balls'
+                               key, and its provenance (commit, device, torch, seconds)
+    <method>.attack.npz        its worst points in the first eight certified balls and its
+                               worst score in every certified ball (Figure 2)
+    balls.json, balls.npz      the certified balls (:mod:`ccu.balls`; with the ball method's
+                               part; balls.npz only while small enough for git)
+    radii.csv                  as above, from the balls
+
+and :func:`assemble_reference` builds ``table1.json`` and ``figure2.npz`` from the parts
+present (a partial grid lists the methods it has), so no model is needed for the tables.
+
 Every file is written with the results store's atomic writes (:func:`ccu.results.atomic_bytes`).
 This module alone spells these names; :func:`load_reference` reads them back.
 """
@@ -43,11 +57,19 @@ REFERENCE_RESULTS = REPO / "reference-results"
 #: the files of one dataset folder (the module docstring)
 CONFIG, METRICS, GUARANTEES = "config.json", "metrics.json", "guarantees.json"
 TABLE1, RADII, FIGURE2, COMPARISON = "table1.json", "radii.csv", "figure2.npz", "comparison.csv"
+#: a part's attack: its row with provenance, and its arrays (:func:`write_part`)
+ATTACK, ATTACK_ARRAYS = "attack.json", "attack.npz"
+#: Figure 2 shows the worst points of this many certified balls
+FIGURE2_BALLS = 8
+#: the keys of ``<method>.attack.json``
+PART_ROW, PART_BALLS_KEY, PART_PROVENANCE = "row", "balls_key", "provenance"
+#: table1.json of assembled parts: the methods whose parts it holds
+PARTS = "parts"
 
 
 def method_file(directory: Path, method: str, kind: str) -> Path:
-    """``<directory>/<method>.<kind>`` (``kind``: :data:`CONFIG`, :data:`METRICS` or
-    :data:`GUARANTEES`)."""
+    """``<directory>/<method>.<kind>`` (``kind``: :data:`CONFIG`, :data:`METRICS`,
+    :data:`GUARANTEES`, :data:`ATTACK` or :data:`ATTACK_ARRAYS`)."""
     return Path(directory) / f"{method}.{kind}"
 
 
@@ -169,6 +191,203 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     )
     store.atomic_bytes(out / FIGURE2, buf.getvalue())
     return out
+
+
+# ----------------------------------------------------------------------------- parts
+def _radii_csv(radii) -> bytes:
+    import numpy as np
+
+    buf = io.BytesIO()  # NaN marks an uncertified centre (no certified ball)
+    np.savetxt(buf, radii, fmt="%.6g", header="certified radius per seed")
+    return buf.getvalue()
+
+
+def _refuse_other_run(out: Path, name: str, config: dict) -> None:
+    """:class:`ccu.results.ResultConflictError` when ``out`` holds a part of ``name`` made by
+    another configuration: a committed result is never replaced by a different one."""
+    import json
+
+    path = method_file(out, name, CONFIG)
+    if not path.exists():
+        return
+    saved = store.normalised_config(json.loads(path.read_text()))
+    if store.config_key(saved) != store.config_key(store.normalised_config(config)):
+        what = "; ".join(store.config_differences(saved, config)) or "its config key"
+        raise store.ResultConflictError(
+            f"{path} is the part of another {name} run ({what}); it is kept. Move it away (or "
+            "give another --out) to write this run's part."
+        )
+
+
+def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=16 << 20) -> Path:
+    """One finished method as a part of ``<out_dir>/<profile label>/<dataset>/`` (the module
+    docstring), then :func:`assemble_reference` over every part there. The method must be
+    trained (``config.json``) and attacked in the saved balls (``ccu attack``); the ball
+    method's part also carries the balls: ``balls.json`` and ``radii.csv`` always,
+    ``balls.npz`` (centres, radii, the metric's eigen-decomposition in float64) when it is at
+    most ``max_balls_bytes`` (MNIST's is ~5 MB; CIFAR-10's ~75 MB stays in the results).
+    Provenance: the commit, the device and GPU, torch, the training and attack seconds, the
+    seconds per epoch, and ``CCU_LANES`` (how many trainings shared the device) when set."""
+    import os
+
+    import numpy as np
+    import torch
+
+    from ccu.adversarial_noise import attack_key, saved_balls
+    from ccu.checks import MissingError
+    from ccu.records import ATTACK_KEY
+
+    out = Path(out_dir) / prof.label / dataset
+    d = store.method_dir(prof, dataset, method, root, seed)
+    if not (d / store.CONFIG).exists():
+        raise MissingError(f"{method} on {dataset} is not trained in {d}: no part to write.")
+    adv = store.adversarial_dir(prof, dataset, root, seed)
+    balls = saved_balls(adv)
+    meta, arrays = store.attack_files(adv, method)
+    if not meta.exists():
+        raise MissingError(
+            f"{method} on {dataset} is not attacked in {adv}: run `ccu attack --method {method}` "
+            "first."
+        )
+    attack = store.read_json(meta)
+    config = store.read_config(d / store.CONFIG)
+    if attack.get(ATTACK_KEY) != attack_key(balls, config, prof, seed):
+        raise MissingError(
+            f"the attack in {meta} was made on another {method} run or in other balls; run "
+            f"`ccu attack --method {method}` again first."
+        )
+    stamp = store.read_json(d / store.TRAINED) if (d / store.TRAINED).exists() else {}
+    epochs = max(int(config.get("profile", {}).get("epochs") or 1), 1)
+    provenance_ = {
+        COMMIT: current_commit(),
+        DEVICE: stamp.get(DEVICE, "unknown"),
+        DEVICE_NAME: stamp.get(DEVICE_NAME, "unknown"),
+        TORCH_VERSION: torch.__version__,
+        "train_seconds": config.get("train_seconds"),
+        "wall_seconds": config.get("wall_seconds"),
+        "train_seconds_per_epoch": (config.get("train_seconds") or 0.0) / epochs,
+        ATTACK_SECONDS: attack[PART_ROW].get(ATTACK_SECONDS),
+        "lanes": int(os.environ.get("CCU_LANES", "1")),
+    }
+    cfg = dict(config, **{COMMIT: provenance_[COMMIT], DEVICE: provenance_[DEVICE]})
+    _refuse_other_run(out, method, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    guarantees = store.read_json(d / store.GUARANTEES) if (d / store.GUARANTEES).exists() else None
+    if method == balls.summary["balls_from"]:  # the balls come with the part of their method
+        if (adv / store.BALLS_ARRAYS).stat().st_size <= max_balls_bytes:
+            store.atomic_bytes(out / store.BALLS_ARRAYS, (adv / store.BALLS_ARRAYS).read_bytes())
+        store.atomic_bytes(out / RADII, _radii_csv(balls.radii.numpy()))
+        store.atomic_bytes(out / store.BALLS, (adv / store.BALLS).read_bytes())
+    worst = store.read_npz(arrays)
+    buf = io.BytesIO()
+    np.savez_compressed(
+        buf, worst_x=worst["worst_x"][:FIGURE2_BALLS], worst_score=worst["worst_score"]
+    )
+    store.atomic_bytes(method_file(out, method, ATTACK_ARRAYS), buf.getvalue())
+    store.write_json(
+        method_file(out, method, ATTACK),
+        {PART_ROW: attack[PART_ROW], PART_BALLS_KEY: balls.key, PART_PROVENANCE: provenance_},
+    )
+    # config last: a folder whose config is there holds the whole part
+    write_method(out, method, cfg, store.read_json(d / store.METRICS), guarantees)
+    assemble_reference(out)
+    return out
+
+
+def assemble_reference(directory: Path) -> dict | None:
+    """``table1.json`` and ``figure2.npz`` of a reference folder from its parts (the module
+    docstring): the balls' summary, the ball method's certificate in it, every part's row (in
+    the paper's order), ``parts`` (the methods present) and the provenance: the commit and
+    device when all parts share them ("mixed" otherwise; each part keeps its own), the seconds
+    of every training and attack. None (nothing written) without ``balls.json``. A part
+    attacked in other balls than the folder's is :class:`ccu.results.CorruptResultError`."""
+    import json
+
+    import numpy as np
+
+    from ccu.balls import BALL_RUN_FILES, BALLS_ARRAYS_SHA256, BALLS_KEY, CENTRE_SEED_OFFSET
+    from ccu.data import get_spec, uniform_noise
+    from ccu.methods import ordered
+    from ccu.records import (
+        BALLS_FROM,
+        BOUND_VIOLATIONS,
+        CCU_BOUND_VIOLATIONS,
+        CCU_MAX_CONFIDENCE_FLOAT64,
+        CCU_MAX_FLOAT32_DEVIATION,
+        CCU_POINTS_OUTSIDE_BALLS,
+        CERTIFICATE,
+        MAX_CONFIDENCE_FLOAT64,
+        MAX_FLOAT32_DEVIATION,
+        METHODS,
+        N_CENTRES,
+        POINTS_OUTSIDE_BALLS,
+    )
+
+    d = Path(directory)
+    if not (d / store.BALLS).exists():
+        return None
+    record = json.loads((d / store.BALLS).read_text())
+    key = record[BALLS_KEY]
+    names = ordered(
+        p.name[: -len(f".{ATTACK}")]
+        for p in d.glob(f"*.{ATTACK}")
+        if method_file(d, p.name[: -len(f".{ATTACK}")], CONFIG).exists()
+    )
+    parts = {n: json.loads(method_file(d, n, ATTACK).read_text()) for n in names}
+    for n, part in parts.items():
+        if part[PART_BALLS_KEY] != key:
+            raise store.CorruptResultError(
+                f"{method_file(d, n, ATTACK)} is an attack in other balls than {d / store.BALLS}; "
+                "a table never mixes attacks in different balls: attack it again in these."
+            )
+    drop = (BALLS_KEY, BALLS_ARRAYS_SHA256, BALL_RUN_FILES)
+    table1 = {k: v for k, v in record.items() if k not in drop}
+    ball_method = table1[BALLS_FROM]
+    if ball_method in parts:
+        own = parts[ball_method][PART_ROW][CERTIFICATE]
+        table1[CCU_BOUND_VIOLATIONS] = own[BOUND_VIOLATIONS]
+        table1[CCU_POINTS_OUTSIDE_BALLS] = own[POINTS_OUTSIDE_BALLS]
+        table1[CCU_MAX_CONFIDENCE_FLOAT64] = own[MAX_CONFIDENCE_FLOAT64]
+        table1[CCU_MAX_FLOAT32_DEVIATION] = own[MAX_FLOAT32_DEVIATION]
+    table1[METHODS] = {n: parts[n][PART_ROW] for n in names}
+    prov = {n: parts[n][PART_PROVENANCE] for n in names}
+
+    def shared(field):
+        values = {p.get(field) for p in prov.values()}
+        return values.pop() if len(values) == 1 else "mixed"
+
+    per_method = {n: p.get("wall_seconds") for n, p in prov.items()}
+    seconds = sum(
+        (p.get("wall_seconds") or 0.0) + (p.get(ATTACK_SECONDS) or 0.0) for p in prov.values()
+    )
+    table1.update(
+        {
+            COMMIT: shared(COMMIT),
+            WALL_SECONDS_TOTAL: seconds,
+            DEVICE: shared(DEVICE),
+            DEVICE_NAME: shared(DEVICE_NAME),
+            TORCH_VERSION: shared(TORCH_VERSION),
+            SKIPPED_FOR_TIME: [],
+            WALL_SECONDS_PER_METHOD: per_method,
+            PARTS: names,
+        }
+    )
+    write_table1(d, table1)
+    radii = np.loadtxt(d / RADII, ndmin=1)
+    certified = ~np.isnan(radii)
+    ball_config = method_file(d, ball_method, CONFIG)  # written with the balls (write_part)
+    seed = json.loads(ball_config.read_text()).get("seed", 0) if ball_config.exists() else 0
+    dataset = d.name  # <label>/<dataset>/
+    centres = uniform_noise(record[N_CENTRES], get_spec(dataset).shape, seed + CENTRE_SEED_OFFSET)
+    arrays = {"seed": centres.numpy()[certified][:FIGURE2_BALLS]}
+    for n in names:
+        with np.load(method_file(d, n, ATTACK_ARRAYS)) as z:
+            arrays[f"{n}_worst_x"] = z["worst_x"]
+            arrays[f"{n}_worst_score"] = z["worst_score"]
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    store.atomic_bytes(d / FIGURE2, buf.getvalue())
+    return table1
 
 
 # ----------------------------------------------------------------------------- reading

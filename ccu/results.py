@@ -10,7 +10,8 @@ Layout (under :data:`RESULTS_ROOT`, ignored by git; ``CCU_RESULTS`` moves it)::
                                          model.pt             final weights (weights_only=True)
                                          scores.npz           per-sample scores, test and OOD sets
                                          metrics.json         test error, confidences, OOD metrics
-    <label>/<dataset>/seed<k>/adversarial/attack.<method>.json|npz   one method's attack
+    <label>/<dataset>/seed<k>/adversarial/balls.json|npz            CCU's certified balls
+                                          attack.<method>.json|npz   one method's attack
                                           table1.json, adversarial.npz  the experiment's result
     <label>/<dataset>/tables/             mean +- sd over the seeds (:mod:`ccu.aggregate`):
                          <name>.csv, tables.md
@@ -106,6 +107,8 @@ GUARANTEES = "guarantees.json"
 RUN_TIMES = "run_times.json"
 #: the adversarial-noise experiment: its summary (Table 1, written last) and its arrays
 TABLE1, ADVERSARIAL = "table1.json", "adversarial.npz"
+#: CCU's certified balls (:class:`ccu.balls.Balls`): the record (written last) and its arrays
+BALLS, BALLS_ARRAYS = "balls.json", "balls.npz"
 #: the tables over seeds (:func:`ccu.aggregate.write_tables`): ``<name>.csv`` and, for display,
 TABLES = "tables.md"
 #: the folders of the layout: one seed's runs (``seed<k>``), its attack, the tables

@@ -8,7 +8,9 @@ command line (:mod:`ccu.cli`) and the Snakemake workflow run.
 * :func:`guarantees_one`: certificates around the OOD test sets and the guaranteed AUC
   (:mod:`ccu.guarantees`) of a certifying method (CCU, CCU-<family>).
 * :func:`attack_dataset`: certify CCU's balls around uniform noise and attack every method in
-  them (Table 1 of the paper, :func:`ccu.adversarial_noise.adversarial_noise`).
+  them (Table 1 of the paper, :func:`ccu.adversarial_noise.adversarial_noise`);
+  :func:`balls_dataset` certifies the balls alone and :func:`attack_in_saved_balls` attacks
+  methods in them later, without CCU's model (a lent GPU's lanes: one method each).
 * :func:`run_seed`: all of these for one (dataset, seed), as ``ccu run`` does, with
   :class:`TimeBox` (``--stop-after``'s stops) and :class:`RunTimes` (the wall times over calls);
   :func:`run_all` for every dataset and seed, then the tables.
@@ -164,9 +166,31 @@ def guarantees_one(spec: RunSpec, root=None, data=None):
     return guarantees.run_guarantees(_run(spec, root, data), data)
 
 
+def balls_dataset(spec: RunSpec, root=None, data=None, level: float = 1.1):
+    """``ccu balls``: certify the balls of ``spec``'s (dataset, profile, seed) with its trained
+    CCU run (``spec``'s method when it certifies, else CCU) and save them
+    (:func:`ccu.adversarial_noise.ensure_balls`), so that every other method can be attacked
+    in them later, in another process, without CCU's model. Returns the
+    :class:`ccu.balls.Balls`."""
+    from ccu import results as store
+    from ccu.adversarial_noise import ensure_balls
+    from ccu.methods import get_method
+    from ccu.methods.ccu_method import CCUMethod
+
+    name = spec.method if issubclass(get_method(spec.method), CCUMethod) else "CCU"
+    data = data if data is not None else load_data(spec)
+    saved_run(spec.with_method(name), root)  # trained, or MissingError with the command to run
+    run = _run(spec.with_method(name), root, data)
+    directory = store.adversarial_dir(spec.profile, spec.dataset, root, spec.seed)
+    with store.locked(directory, "the adversarial-noise experiment"):
+        return ensure_balls(name, run, data, spec.profile, spec.seed, level, directory)
+
+
 def attack_dataset(spec: RunSpec, methods, root=None, data=None):
     """Certify CCU's balls around noise and attack every method in them (Table 1); ``spec``
-    names the dataset, profile, seed, device and trainer options (its method is not used)."""
+    names the dataset, profile, seed, device and trainer options (its method is not used).
+    Returns the :class:`ccu.adversarial_noise.AdversarialResult`. Without CCU among
+    ``methods``, see :func:`attack_in_saved_balls`."""
     from ccu.adversarial_noise import adversarial_noise
     from ccu.methods import ordered
 
@@ -179,6 +203,37 @@ def attack_dataset(spec: RunSpec, methods, root=None, data=None):
     for m in ["CCU", *[m for m in ordered(methods) if m != "CCU"]]:
         runs[m] = _run(spec.with_method(m), root, data)
     return adversarial_noise(runs, data, spec.profile, spec.seed, root=root)
+
+
+def attack_in_saved_balls(spec: RunSpec, methods, root=None, data=None) -> dict:
+    """``ccu attack --method M ...`` without CCU: attack each trained method in the balls that
+    ``ccu balls`` saved (:func:`balls_dataset`), one method at a time, each result saved as it
+    finishes (``attack.<M>.json|npz``); no CCU model is needed. Balls certified by a CCU run
+    other than the one now in the store are refused (certify them again). Returns each
+    method's row of Table 1."""
+    from ccu import results as store
+    from ccu.adversarial_noise import attack_in_balls, saved_balls
+    from ccu.methods import ordered
+
+    directory = store.adversarial_dir(spec.profile, spec.dataset, root, spec.seed)
+    balls = saved_balls(directory)
+    ball_method = balls.summary["balls_from"]
+    ccu_dir = store.method_dir(spec.profile, spec.dataset, ball_method, root, spec.seed)
+    if (ccu_dir / store.CONFIG).exists():
+        files = store.read_config(ccu_dir / store.CONFIG).get("files")
+        if files != balls.ball_run_files:
+            raise MissingError(
+                f"the balls in {directory} were certified by another {ball_method} run than the "
+                f"one in {ccu_dir}; certify them again with `ccu balls`."
+            )
+    data = data if data is not None else load_data(spec)
+    rows = {}
+    with store.locked(directory, "the adversarial-noise experiment"):
+        for m in ordered(methods):
+            run = _run(spec.with_method(m), root, data)
+            rows[m] = attack_in_balls(m, run, balls, spec.profile, spec.seed, directory)[0]
+            log(f"attacked {m} on {spec.dataset} in {int(balls.ok.sum())} saved balls")
+    return rows
 
 
 def trained_methods(spec: RunSpec, root=None) -> list[str]:
@@ -475,6 +530,8 @@ __all__ = [
     "TrainerOptions",
     "UsageError",
     "attack_dataset",
+    "attack_in_saved_balls",
+    "balls_dataset",
     "check_time_flags",
     "evaluate_one",
     "guarantees_one",

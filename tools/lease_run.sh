@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# One device call of a GPU lease (on the lent machine: its own python3 with PyTorch; the project
+# on PYTHONPATH). Each method runs in a lane, start to finish: train -> attack in CCU's certified
+# balls -> its part (config, metrics, attack row and worst points, provenance; no weights), and
+# every finished part comes back at once in $OUT/<label>-<dataset>.parts.tgz, rewritten whole
+# (atomic rename) after each method, so a call cut short still brings back what finished.
+#
+#   bash tools/lease_run.sh DATASET METHOD...
+#
+# `python tools/lease.py plan --dataset DATASET --budget-s <budget_left_s>` prints the exact calls
+# (command, carry, timeout_s) from git's state; after each call, here:
+# `python tools/lease.py absorb <files_at> --dataset DATASET` commits the parts (README, "Runs on
+# a lent GPU").
+#
+# CCU goes first in lane 1: right after its training `ccu balls` certifies and saves the balls,
+# and every other lane waits for them before its attack. Without CCU in the call, the balls
+# committed with CCU's part (reference-results/<label>/<dataset>/balls.json|npz) are used.
+# ODIN and Maha follow Base in its lane (they are built on it).
+#
+# Environment: PROFILE (paper), OVERRIDES (JSON profile fields: a reduced variant, e.g.
+# '{"epochs": 30}' is paper-e30, never mixed with paper), JOBS (lanes at once, default 4),
+# HARD_LIMIT (seconds from the start after which every lane is stopped, default 560: the methods
+# not finished by then are lost and run again in a later call), DEVICE (auto), THREADS (16),
+# OUT (/tmp/ccu-out), CCU_RESULTS (/tmp/ccu-results), PARTS (/tmp/ccu-parts), REFERENCE
+# (reference-results: the committed parts), CCU_OFFLINE_DATA (when set: used as is; else the
+# data carried as .devdata/<dataset>/part-* are gathered), CCU_COMMIT=<sha> when the copied
+# tree's .git is not current. LEASE_KILL_AFTER_PARTS=N ends the call like a lease that runs out
+# (SIGKILL to every lane) once N parts are packed: what the tests use to cut a lease short.
+# Exit codes: 0 every method finished; 75 some were stopped at HARD_LIMIT (run them again);
+# 3 data or balls missing; 2 bad usage; other: a lane failed (see the log).
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg CCU_PROGRESS=0
+export CCU_RESULTS=${CCU_RESULTS:-/tmp/ccu-results} CCU_DATA_ROOT=${CCU_DATA_ROOT:-/tmp/ccu-dataroot}
+OUT=${OUT:-/tmp/ccu-out}
+PARTS=${PARTS:-/tmp/ccu-parts}
+REFERENCE=$(realpath -m "${REFERENCE:-reference-results}")
+PROFILE=${PROFILE:-paper}
+OVERRIDES=${OVERRIDES:-}
+THREADS=${THREADS:-16}
+JOBS=${JOBS:-4}
+HARD_LIMIT=${HARD_LIMIT:-560}
+KILL_AFTER=${LEASE_KILL_AFTER_PARTS:-0}
+for v in JOBS HARD_LIMIT; do
+  case ${!v} in
+    '' | *[!0-9]* | 0) echo "$v must be a positive whole number, not '${!v}'" >&2; exit 2 ;;
+  esac
+done
+case $KILL_AFTER in '' | *[!0-9]*) echo "LEASE_KILL_AFTER_PARTS must be a number" >&2; exit 2 ;; esac
+[ $# -ge 2 ] || { echo "usage: bash tools/lease_run.sh DATASET METHOD..." >&2; exit 2; }
+ds=$1
+shift
+methods=("$@")
+mkdir -p "$OUT" "$PARTS"
+t0=$SECONDS
+labels=$(python3 -c 'import json, sys
+from ccu.config import get_profile
+p = get_profile(sys.argv[1], sys.argv[3], **json.loads(sys.argv[2] or "{}"))
+print(p.label)' "$PROFILE" "$OVERRIDES" "$ds") || { echo "bad PROFILE/OVERRIDES/DATASET" >&2; exit 2; }
+label=$labels
+log=$OUT/$label-$ds.log
+tgz=$OUT/$label-$ds.parts.tgz
+say() { echo "lease_run: $*" | tee -a "$log"; }
+say "$label/$ds: ${methods[*]} in up to $JOBS lanes (hard limit ${HARD_LIMIT} s)"
+
+# the data: the parts carried in this call and earlier ones (while warm), gathered in one folder
+if [ "$ds" != digits ] && [ -z "${CCU_OFFLINE_DATA:-}" ]; then
+  export CCU_OFFLINE_DATA=${CCU_DEVDATA:-/tmp/ccu-devdata}/$ds
+  python3 tools/pack_data.py --gather ".devdata/$ds" --into "$CCU_OFFLINE_DATA" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || { say "no run: the data of $ds is not complete (python tools/pack_data.py --dataset $ds)"; exit "$rc"; }
+fi
+
+adv=$CCU_RESULTS/$label/$ds/seed0/adversarial
+with_ccu=0
+for m in "${methods[@]}"; do [ "$m" = CCU ] && with_ccu=1; done
+if [ "$with_ccu" = 0 ] && [ ! -f "$adv/balls.json" ]; then
+  if [ -f "$REFERENCE/$label/$ds/balls.json" ] && [ -f "$REFERENCE/$label/$ds/balls.npz" ]; then
+    mkdir -p "$adv" && cp "$REFERENCE/$label/$ds/balls.json" "$REFERENCE/$label/$ds/balls.npz" "$adv/"
+    say "attacks in the committed balls of $REFERENCE/$label/$ds"
+  else
+    say "no balls: run CCU in this call, or commit its part with balls.npz first"
+    exit 3
+  fi
+fi
+
+common=(--dataset "$ds" --profile "$PROFILE" --seed 0 --device "${DEVICE:-auto}" --no-progress
+        --threads $((THREADS / JOBS > 0 ? THREADS / JOBS : 1)))
+[ -n "$OVERRIDES" ] && common+=(--overrides "$OVERRIDES")
+export OMP_NUM_THREADS=$((THREADS / JOBS > 0 ? THREADS / JOBS : 1)) CCU_LANES=$JOBS
+lanes=$(mktemp -d)
+others=()
+for m in "${methods[@]}"; do [ "$m" = CCU ] || others+=("$m"); done
+{
+  if [ "$with_ccu" = 1 ] && [ "$JOBS" -gt 1 ]; then
+    echo CCU
+    [ ${#others[@]} -gt 0 ] && python3 tools/device_lanes.py --jobs $((JOBS - 1)) --methods "${others[@]}"
+  elif [ "$with_ccu" = 1 ]; then
+    echo "CCU ${others[*]}"
+  else
+    python3 tools/device_lanes.py --jobs "$JOBS" --methods "${others[@]}"
+  fi
+} >"$lanes/lanes" || exit 2
+
+packed=0
+pack() {  # every part so far, in one archive, replaced atomically; the lock serialises lanes
+  (
+    flock 9
+    tar czf "$tgz.tmp" -C "$PARTS" . && mv -f "$tgz.tmp" "$tgz"
+    n=$(find "$PARTS" -name '*.attack.json' | wc -l)
+    if [ "$KILL_AFTER" -gt 0 ] && [ "$n" -ge "$KILL_AFTER" ]; then
+      echo "lease_run: LEASE_KILL_AFTER_PARTS=$KILL_AFTER: the lease ends here" >>"$log"
+      kill -KILL 0
+    fi
+  ) 9>"$PARTS.lock"
+}
+
+one() {  # one step of a lane, cut at the hard limit
+  local left=$((HARD_LIMIT - (SECONDS - t0)))
+  [ "$left" -gt 0 ] || return 124
+  timeout -s INT -k 20 "$left" python3 -m ccu "$@" "${common[@]}"
+}
+
+k=0
+while read -r lane; do
+  k=$((k + 1))
+  (
+    for m in $lane; do
+      one train --method "$m" || { echo "$? $m train" >"$lanes/rc-$k"; exit; }
+      if [ "$m" = CCU ]; then
+        one balls || { echo "$? $m balls" >"$lanes/rc-$k"; touch "$lanes/no-balls"; exit; }
+      else
+        while [ ! -f "$adv/balls.json" ]; do  # CCU's lane certifies them
+          [ -f "$lanes/no-balls" ] && { echo "3 $m balls" >"$lanes/rc-$k"; exit; }
+          sleep 2
+        done
+      fi
+      one attack --method "$m" || { echo "$? $m attack" >"$lanes/rc-$k"; exit; }
+      one part --method "$m" --out "$PARTS" || { echo "$? $m part" >"$lanes/rc-$k"; exit; }
+      pack
+      echo "lease_run: $m finished at $((SECONDS - t0)) s" >>"$lanes/log-$k"
+      if [ "$m" = CCU ]; then  # its guarantees (GAUC) join its part after the others' attacks
+        one evaluate --method CCU --guarantees >/dev/null &&
+          one part --method CCU --out "$PARTS" && pack
+      fi
+    done
+    echo 0 >"$lanes/rc-$k"
+  ) >>"$lanes/log-$k" 2>&1 &
+done <"$lanes/lanes"
+wait
+rc=0
+for j in $(seq 1 "$k"); do
+  read -r lrc what <"$lanes/rc-$j" 2>/dev/null || lrc=1 what="(died without saying)"
+  say "lane $j ($(sed -n "${j}p" "$lanes/lanes")): exit $lrc ${what:-}"
+  sed "s/^/  [lane $j] /" "$lanes/log-$j" >>"$log"
+  case $lrc in
+    0) ;;
+    124 | 130 | 137) [ "$rc" = 0 ] && rc=75 ;;
+    *) rc=$lrc ;;
+  esac
+done
+rm -rf "$lanes"
+say "$label/$ds: $(find "$PARTS" -name '*.attack.json' | wc -l) parts in $tgz after $((SECONDS - t0)) s (exit $rc)"
+exit "$rc"
