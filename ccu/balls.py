@@ -39,7 +39,10 @@ from ccu.data import Dataset, uniform_noise
 from ccu.data.sources import sha256
 from ccu.metric import Mahalanobis
 from ccu.records import (
+    BALL_RUN_FILES,
+    BALLS_ARRAYS_SHA256,
     BALLS_FROM,
+    BALLS_KEY,
     CERTIFIED_AUC,
     IMAGES_INSIDE_BALLS,
     LEVEL,
@@ -49,8 +52,6 @@ from ccu.records import (
     N_UNCERTIFIED,
 )
 
-#: the keys of ``balls.json`` besides the summary's
-BALLS_KEY, BALLS_ARRAYS_SHA256, BALL_RUN_FILES = "balls_key", "balls_npz_sha256", "ball_run_files"
 #: the seed offset of the noise centres: centre seed ``seed + CENTRE_SEED_OFFSET``
 CENTRE_SEED_OFFSET = 1000
 

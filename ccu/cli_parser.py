@@ -131,8 +131,8 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
                 type=float,
                 metavar="SECONDS",
                 help="stop after a saved epoch once another would end past this many seconds, "
-                "with exit code 75; the same command continues (tools/device_run.sh runs "
-                "several at once on one GPU); the wall time goes into run_times.json",
+                "with exit code 75; the same command continues; the wall time goes into "
+                "run_times.json",
             )
         p.set_defaults(func=func)
 

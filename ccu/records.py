@@ -52,6 +52,14 @@ CCU_BOUND_VIOLATIONS = "ccu_bound_violations"
 METHODS = "methods"
 #: the certifying method whose certified balls are attacked (``"CCU"`` when it ran)
 BALLS_FROM = "balls_from"
+#: ``balls.json`` (:mod:`ccu.balls`) besides the summary: the balls' key (what each attack's key
+#: is built from), the sha256 of ``balls.npz``, and the files of the run that certified them
+BALLS_KEY, BALLS_ARRAYS_SHA256, BALL_RUN_FILES = "balls_key", "balls_npz_sha256", "ball_run_files"
+#: a reference part's ``<method>.attack.json`` (:func:`ccu.reference_results.write_part`): its
+#: row of Table 1, the key of the balls it was attacked in, its provenance
+PART_ROW, PART_BALLS_KEY, PART_PROVENANCE = "row", "balls_key", "provenance"
+#: ``table1.json`` assembled from parts: the methods whose parts it holds
+PARTS = "parts"
 #: the level of the certificates: a ball is certified where the bound is below ``level / M``
 #: (also a key of ``guarantees.json``)
 LEVEL = "level"

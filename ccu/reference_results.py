@@ -42,9 +42,14 @@ from pathlib import Path
 from ccu import results as store
 from ccu.records import (
     ATTACK_SECONDS,
+    BALLS_FROM,
     COMMIT,
     DEVICE,
     DEVICE_NAME,
+    PART_BALLS_KEY,
+    PART_PROVENANCE,
+    PART_ROW,
+    PARTS,
     SKIPPED_FOR_TIME,
     TORCH_VERSION,
     WALL_SECONDS_PER_METHOD,
@@ -61,10 +66,6 @@ TABLE1, RADII, FIGURE2, COMPARISON = "table1.json", "radii.csv", "figure2.npz", 
 ATTACK, ATTACK_ARRAYS = "attack.json", "attack.npz"
 #: Figure 2 shows the worst points of this many certified balls
 FIGURE2_BALLS = 8
-#: the keys of ``<method>.attack.json``
-PART_ROW, PART_BALLS_KEY, PART_PROVENANCE = "row", "balls_key", "provenance"
-#: table1.json of assembled parts: the methods whose parts it holds
-PARTS = "parts"
 
 
 def method_file(directory: Path, method: str, kind: str) -> Path:
@@ -273,7 +274,7 @@ def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=
     _refuse_other_run(out, method, cfg)
     out.mkdir(parents=True, exist_ok=True)
     guarantees = store.read_json(d / store.GUARANTEES) if (d / store.GUARANTEES).exists() else None
-    if method == balls.summary["balls_from"]:  # the balls come with the part of their method
+    if method == balls.summary[BALLS_FROM]:  # the balls come with the part of their method
         if (adv / store.BALLS_ARRAYS).stat().st_size <= max_balls_bytes:
             store.atomic_bytes(out / store.BALLS_ARRAYS, (adv / store.BALLS_ARRAYS).read_bytes())
         store.atomic_bytes(out / RADII, _radii_csv(balls.radii.numpy()))
@@ -305,11 +306,13 @@ def assemble_reference(directory: Path) -> dict | None:
 
     import numpy as np
 
-    from ccu.balls import BALL_RUN_FILES, BALLS_ARRAYS_SHA256, BALLS_KEY, CENTRE_SEED_OFFSET
+    from ccu.balls import CENTRE_SEED_OFFSET
     from ccu.data import get_spec, uniform_noise
     from ccu.methods import ordered
     from ccu.records import (
-        BALLS_FROM,
+        BALL_RUN_FILES,
+        BALLS_ARRAYS_SHA256,
+        BALLS_KEY,
         BOUND_VIOLATIONS,
         CCU_BOUND_VIOLATIONS,
         CCU_MAX_CONFIDENCE_FLOAT64,

@@ -27,6 +27,7 @@ from pathlib import Path
 from ccu.checks import MissingError, UsageError
 from ccu.experiment import log, run_data
 from ccu.records import (
+    BALLS_FROM,
     CALLS,
     CONCURRENT_JOBS,
     JOBS,
@@ -217,7 +218,7 @@ def attack_in_saved_balls(spec: RunSpec, methods, root=None, data=None) -> dict:
 
     directory = store.adversarial_dir(spec.profile, spec.dataset, root, spec.seed)
     balls = saved_balls(directory)
-    ball_method = balls.summary["balls_from"]
+    ball_method = balls.summary[BALLS_FROM]
     ccu_dir = store.method_dir(spec.profile, spec.dataset, ball_method, root, spec.seed)
     if (ccu_dir / store.CONFIG).exists():
         files = store.read_config(ccu_dir / store.CONFIG).get("files")
@@ -280,9 +281,10 @@ class RunTimes:
     """``run_times.json`` of one (profile, dataset, seed) in the results store: the wall time
     of each method's training summed over the calls that worked on it (a run stopped for time
     and resumed trains a method in several calls), and the calls since the run last finished.
-    Several processes may train methods of one run at once (``ccu train --stop-after`` in the
-    lanes of ``tools/device_run.sh``): every update reads the file again and writes it under a
-    file lock, so none loses another's times."""
+    Several processes may train methods of one run at once (``ccu train --stop-after``): every
+    update reads the file again and writes it under a file lock, so none loses another's
+    times. Calls recorded by earlier versions with ``jobs`` (lanes) still count in
+    :meth:`concurrent_jobs`."""
 
     def __init__(self, directory: Path):
         from ccu import results as store
@@ -341,19 +343,6 @@ class RunTimes:
         ``ccu run`` followed in the same call are part of its call)."""
         return sum(1 for c in self.calls if not c.get(THEN_RUN)) + 1
 
-    def add_call(self, seconds: float, stopped: str, jobs: int = 1, then_run=False) -> None:
-        """Record the lanes of a device call (``tools/device_run.sh``: ``jobs`` trainings at
-        once) that ``ccu run`` follows in the same call (``then_run``) or not."""
-        call = {SECONDS: seconds, STOPPED: stopped}
-        if jobs > 1:
-            call[JOBS] = jobs
-        if then_run:
-            call[THEN_RUN] = True
-        with self._locked():
-            self._read()
-            self.calls = [*self.calls, call]
-            self._write()
-
     def end_call(self, stopped: str | None) -> None:
         """Record this call: ``stopped`` says where it stopped, None when the run finished (the
         list of calls then starts afresh)."""
@@ -374,8 +363,8 @@ def train_timeboxed(spec: RunSpec, stop_after: float, root=None) -> dict:
     """``ccu train --stop-after``: :func:`train_one` under a deadline of ``stop_after`` seconds
     (:class:`ccu.deadline.StopForTime` after a saved epoch when another would end past it; the
     same call again resumes), its wall time counted in the run's :class:`RunTimes` as
-    :func:`run_seed` counts it, so that methods trained in several processes at once (the
-    lanes of ``tools/device_run.sh``) and then loaded by ``ccu run`` keep their times."""
+    :func:`run_seed` counts it, so that methods trained in several processes at once and then
+    loaded by ``ccu run`` keep their times."""
     from ccu import deadline as time_box
     from ccu import results as store
 
@@ -397,21 +386,6 @@ def _train_timed(times: RunTimes, spec: RunSpec, root=None, data=None, on_epoch_
     if not stamp[LOADED]:
         times.method(spec.method, time.perf_counter() - began, finished=True)
     return stamp
-
-
-def record_lanes_call(
-    profile, dataset: str, seed: int, seconds: float, stopped: str, jobs: int, then_run: bool,
-    root=None,
-) -> None:  # fmt: skip
-    """Count the lanes of a device call (``jobs`` processes of ``ccu train --stop-after`` on
-    ``dataset``, ``seed``, ``profile``; ``seconds`` of wall time) in the run's calls, so that
-    ``table1.json``'s total wall time and calls include them and it records how many
-    trainings shared the device; ``then_run``: ``ccu run`` follows in the same call."""
-    from ccu import results as store
-
-    RunTimes(store.seed_dir(profile, dataset, seed, root)).add_call(
-        seconds, stopped, jobs, then_run
-    )
 
 
 def run_seed(

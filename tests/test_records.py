@@ -149,7 +149,6 @@ NOT_KEYS = {
     ("ccu/chapter.py", "methods"): "the chapters' parameter",
     ("ccu/guarantees.py", "AUC"): "GOOD's published metric (ccu/reference/field) and a column",
     ("ccu/book_checks.py", "n_certified"): "theorem1_check's rows for the chapter (no file)",
-    ("tools/device_state.py", "methods"): "stdlib only on the device: its copy of the constant",
 }
 #: the modules that may spell them: the records, and the store (file names, config.json)
 OWNERS = ("ccu/records.py", "ccu/results.py")
@@ -229,20 +228,3 @@ def test_trained_json_keeps_its_fields_in_order():
         "files", "test_error",
     ]  # fmt: skip
     assert stamp["profile"] == "smoke" and stamp["seed"] == 2 and stamp["loaded"] is True
-
-
-def test_device_state_reads_run_times_with_the_records_keys():
-    """tools/device_state.py imports nothing of ccu (it runs on the device before anything is
-    installed): its copies of run_times.json's keys are the records' own."""
-    import importlib.util
-    import sys
-
-    from ccu import records
-
-    sys.path.insert(0, str(ROOT / "tools"))  # its sibling pack_data
-    spec = importlib.util.spec_from_file_location("ds", ROOT / "tools" / "device_state.py")
-    ds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ds)
-    assert ds.RUN_TIMES_METHODS == records.RUN_TIMES_METHODS
-    assert ds.RUN_TIMES_PENDING == records.RUN_TIMES_PENDING
-    assert ds.RUN_TIMES == store.RUN_TIMES

@@ -1,9 +1,9 @@
-"""Split a time-boxed run's methods into lanes that train at once on one GPU.
+"""Split a lease call's methods into lanes that run at once on one GPU.
 
-A LeNet at batch 128 leaves an H100 mostly idle, so ``JOBS=N bash tools/device_run.sh
-mnist-paper`` trains the methods in ``N`` processes at once (``ccu train --stop-after``, one
-lane after another method in each), then one ``ccu run`` loads them all and attacks. This
-script prints the lanes, one line each, methods separated by spaces::
+A LeNet at batch 128 leaves an H100 mostly idle, so ``JOBS=N bash tools/lease_run.sh mnist
+...`` runs the methods in ``N`` processes at once (each method trained, attacked and packed in
+its lane, one after another). This script prints the lanes, one line each, methods separated
+by spaces::
 
     python3 tools/device_lanes.py --jobs 4 --methods Base MCD EDL DE GAN ODIN Maha ACET ACET2 OE CCU
 

@@ -24,7 +24,6 @@ conflicts with a committed one (nothing of that call is written).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import re
 import subprocess
@@ -34,6 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: the checkout's ccu
+from ccu.records import BALLS_KEY  # noqa: E402
 
 #: every method of the paper's grid (ccu.methods.METHOD_ORDER; ACET2 from its appendix)
 ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU"]
@@ -65,7 +65,9 @@ START_S, CALL_OVERHEAD_S = 120, 25
 #: seconds a call keeps after its hard limit: lanes stopped, the archive written, files sent
 HARD_MARGIN_S = 40
 #: the files of a part, as ``ccu part`` writes them (ccu.reference_results)
-PART_FILE = re.compile(r"^([A-Za-z0-9+_-]+)\.(config\.json|metrics\.json|guarantees\.json|attack\.json|attack\.npz)$")
+PART_FILE = re.compile(
+    r"^([A-Za-z0-9+_-]+)\.(config\.json|metrics\.json|guarantees\.json|attack\.json|attack\.npz)$"
+)
 BALL_FILES = ("balls.json", "balls.npz", "radii.csv")
 
 
@@ -84,80 +86,91 @@ def _others(folder: Path) -> set[str]:
     return found - set(ALL)
 
 
-def cost(method: str, with_base: bool) -> int:
-    """Device seconds of ``method``'s lane work: training (Base's first for ODIN/Maha when Base
-    is not trained in the same lane) and attack."""
-    train, attack = COST_S.get(method, (600, 30))
-    if method in ON_BASE and not with_base:
-        train += COST_S["Base"][0]
-    return train + attack
+def units(todo: list[str]) -> list[tuple[list[str], int, int]]:
+    """The methods to run as units of a lane: ``(methods, train seconds, attack seconds)``.
+    ODIN and Maha go with Base (built on its trained model); without Base to run, they train it
+    first all the same (weights are not kept from one lease to the next)."""
+    out, on_base = [], [m for m in todo if m in ON_BASE]
+    for m in todo:
+        if m in ON_BASE:
+            continue
+        group = [m, *on_base] if m == "Base" else [m]
+        if m == "Base":
+            on_base = []
+        out.append(group)
+    if on_base:
+        out.append(["Base*", *on_base])  # Base trained again, its part already committed
+    result = []
+    for group in out:
+        train = sum(COST_S.get(m.rstrip("*"), (600, 30))[0] for m in group)
+        attack = sum(COST_S.get(m, (600, 30))[1] for m in group if not m.endswith("*"))
+        result.append(([m for m in group if not m.endswith("*")], train, attack))
+    return result
+
+
+def lane_end(lane: list[tuple[list[str], int, int]], ready: int) -> int:
+    """When a lane ends: it trains its methods one after another, attacks each as soon as the
+    balls are there (``ready`` seconds into the call) and its training is done."""
+    train = sum(u[1] for u in lane)
+    attack = sum(u[2] for u in lane)
+    return max(train, ready) + attack
 
 
 def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60):
-    """The calls of a lease: ``[(methods, lanes, seconds of work)]``, the methods left for later
-    leases, those that cannot finish in one call even alone (``{method: seconds}``), and
-    whether balls are there (committed, or CCU runs in the first call)."""
+    """The calls of a lease: ``[(methods, lanes, seconds of work)]``, the methods left for a
+    later lease, and those that cannot finish in one call even alone (``{method: seconds}``)."""
     folder = reference_dir(reference, label, dataset)
     done = set(committed_parts(folder))
     todo = [m for m in ALL if m not in done]
     balls = (folder / "balls.json").exists() and (folder / "balls.npz").exists()
-    too_long, calls = {}, []
+    longest = 600 - CALL_OVERHEAD_S - HARD_MARGIN_S  # work of one call at most
+    too_long = {}
+    for group, train, attack in units(todo):
+        if train + attack > longest:
+            too_long.update({m: train + attack for m in group})
+    todo = [m for m in todo if m not in too_long]
+    calls = []
     left = budget_s - START_S - reserve_s
-    while todo and left > CALL_OVERHEAD_S + HARD_MARGIN_S + 60:
-        limit = min(600, left - CALL_OVERHEAD_S) - HARD_MARGIN_S
-        lanes: list[list[str]] = []
-        loads: list[int] = []
-        ready = 0  # when the balls are there for the others' attacks
-        chosen = []
-        if "CCU" in todo and not balls:
-            c = cost("CCU", True)
-            if c > limit:
-                too_long["CCU"] = c
-                todo.remove("CCU")
+    while todo:
+        limit = min(longest, left - CALL_OVERHEAD_S - HARD_MARGIN_S)
+        lanes: list[list] = []
+        ready = 0
+        if not balls:  # CCU first, in a lane of its own: the others attack in its balls
+            if "CCU" not in todo:
                 break
-            lanes.append(["CCU"])
-            loads.append(c)
-            ready = COST_S["CCU"][0] + 20  # its training and the balls
-            chosen.append("CCU")
-        for m in sorted((m for m in todo if m not in chosen), key=lambda m: -cost(m, False)):
-            alone = max(cost(m, False), ready + COST_S.get(m, (0, 30))[1])
-            if alone > 600 - HARD_MARGIN_S - CALL_OVERHEAD_S:
-                too_long[m] = cost(m, False)
+            ccu_train, ccu_attack = COST_S["CCU"]
+            if ccu_train + ccu_attack + 20 > limit:
+                break
+            lanes.append([(["CCU"], ccu_train + 20, ccu_attack)])
+            ready = ccu_train + 20
+        rest = [u for u in units(todo) if u[0] != ["CCU"] or balls]
+        for unit in sorted(rest, key=lambda u: -(u[1] + u[2])):
+            ends = [(lane_end([*lane, unit], 0 if lane and lane[0][0] == ["CCU"] else ready), i)
+                    for i, lane in enumerate(lanes) if not (lane[0][0] == ["CCU"] and ready)]  # fmt: skip
+            if len(lanes) < jobs:
+                ends.append((lane_end([unit], ready), len(lanes)))
+            end, i = min(ends, default=(limit + 1, -1))
+            if end > limit:
                 continue
-            base_lane = next((i for i, ln in enumerate(lanes) if "Base" in ln), None)
-            options = range(len(lanes)) if len(lanes) >= jobs else [*range(len(lanes)), None]
-            best = None
-            for i in options:
-                load = 0 if i is None else loads[i]
-                with_base = i is not None and i == base_lane
-                end = max(load + cost(m, with_base), ready + COST_S.get(m, (0, 30))[1])
-                if end <= limit and (best is None or end < best[1]):
-                    best = (i, end)
-            if best is None:
-                continue
-            i, end = best
-            if i is None:
-                lanes.append([m])
-                loads.append(end)
-            else:
-                lanes[i].append(m)
-                loads[i] = end
-            chosen.append(m)
-        todo = [m for m in todo if m not in chosen and m not in too_long]
+            if i == len(lanes):
+                lanes.append([])
+            lanes[i].append(unit)
+        chosen = [m for lane in lanes for u in lane for m in u[0]]
         if not chosen:
             break
-        work = max(loads)
+        work = max(lane_end(lane, 0 if lane[0][0] == ["CCU"] else ready) for lane in lanes)
         calls.append((chosen, len(lanes), work))
+        todo = [m for m in todo if m not in chosen]
         left -= work + HARD_MARGIN_S + CALL_OVERHEAD_S
         balls = True
-    return calls, todo, too_long, balls or not calls
+    return calls, todo, too_long
 
 
-def reduced_epochs(method: str, epochs: int = 100, limit: int = 600 - HARD_MARGIN_S - 25) -> int:
-    """The epochs of ``method`` that fit one call (the reduced variant ``paper-e<N>``)."""
-    train, attack = COST_S[method]
-    per_epoch = train / epochs
-    return max(1, int((limit - attack - 30) / per_epoch))
+def reduced_epochs(method: str, epochs: int = 100) -> int:
+    """The epochs of ``method`` that fit one call alone (the reduced variant ``paper-e<N>``)."""
+    (group, train, attack), *_ = units([method])
+    longest = 600 - CALL_OVERHEAD_S - HARD_MARGIN_S
+    return max(1, int((longest - attack) / (train / epochs)))
 
 
 def print_plan(args) -> int:
@@ -166,29 +179,37 @@ def print_plan(args) -> int:
     label = get_profile(args.profile, args.dataset).label
     folder = reference_dir(args.reference, label, args.dataset)
     done = committed_parts(folder)
-    calls, later, too_long, _ = plan(args.dataset, args.reference, label, args.budget_s, args.jobs)
-    print(f"{label}/{args.dataset}: committed {len(done)} of {len(ALL)} ({', '.join(done) or 'none'})")
+    calls, later, too_long = plan(args.dataset, args.reference, label, args.budget_s, args.jobs)
+    print(
+        f"{label}/{args.dataset}: committed {len(done)} of {len(ALL)} ({', '.join(done) or 'none'})"
+    )
     packed = sorted((REPO / ".devdata" / args.dataset).glob("part-*"))
     carry = [p.relative_to(REPO).as_posix() for p in packed]
     if args.dataset != "digits" and not carry:
-        print(f"first, here: python tools/pack_data.py --dataset {args.dataset}   (the data to carry)")
+        print(
+            f"first, here: python tools/pack_data.py --dataset {args.dataset}   (the data to carry)"
+        )
         carry = [f".devdata/{args.dataset}/part-1"]
     left = args.budget_s
     for k, (methods, lanes, work) in enumerate(calls, 1):
         timeout = min(600, int(work + HARD_MARGIN_S + 20))
-        env = f"JOBS={lanes} HARD_LIMIT={timeout - HARD_MARGIN_S // 2}"
+        env = f"JOBS={lanes} HARD_LIMIT={timeout - HARD_MARGIN_S}"
         if args.profile != "paper":
             env += f" PROFILE={args.profile}"
-        print(f"call {k}: command \"{env} bash tools/lease_run.sh {args.dataset} {' '.join(methods)}\", "
-              f"carry {json.dumps(carry)}, timeout_s {timeout}   (~{work} s of work)")
+        print(
+            f'call {k}: command "{env} bash tools/lease_run.sh {args.dataset} {" ".join(methods)}", '
+            f"carry {json.dumps(carry)}, timeout_s {timeout}   (~{work} s of work)"
+        )
         print(f"  then here: python tools/lease.py absorb <files_at> --dataset {args.dataset}")
         left -= timeout + CALL_OVERHEAD_S
     if not calls:
         print("no call fits the device time left" if later or too_long else "nothing left to run")
     for m, s in too_long.items():
-        n = reduced_epochs(m) if m in COST_S else None
-        print(f"{m}: ~{s} s, more than one call holds even alone: make it faster, or run the "
-              f"reduced variant OVERRIDES='{{\"epochs\": {n}}}' (label paper-e{n}, never shown as paper)")
+        n = reduced_epochs(m)
+        print(
+            f"{m}: ~{s} s, more than one call holds even alone: make it faster, or run the "
+            f"reduced variant OVERRIDES='{{\"epochs\": {n}}}' (label paper-e{n}, never shown as paper)"
+        )
     if later:
         print(f"for a later lease: {', '.join(later)}")
     return 0
@@ -222,29 +243,50 @@ def read_archive(path: Path) -> dict[str, bytes]:
     return out
 
 
-def absorb(files_at: Path, dataset: str, reference: Path, label: str, log=print) -> list[str]:
-    """Unpack the parts a call brought back into ``reference/<label>/<dataset>/``: each whole
-    part not yet there (a committed part is never replaced; the same part again changes
-    nothing; a CCU part may gain its guarantees), the balls when none are there (others'
-    balls are refused: a table never mixes attacks in different balls), then
-    ``table1.json`` and ``figure2.npz`` rebuilt from all the parts. Returns the files written."""
+def absorb(files_at: Path, reference: Path, dataset: str | None = None, log=print) -> dict:
+    """Unpack the parts a call brought back (every ``*.parts.tgz`` in ``files_at``; members
+    ``<label>/<dataset>/<file>``) into ``reference/<label>/<dataset>/``: each whole part not yet
+    there (a committed part is never replaced; the same part again changes nothing; a CCU part
+    may gain its guarantees), the balls when none are there (other balls are refused: a table
+    never mixes attacks in different balls), then ``table1.json`` and ``figure2.npz`` rebuilt
+    from all the parts. Returns ``{folder: files written}``."""
+    archives = sorted(Path(files_at).glob("*.parts.tgz"))
+    if not archives:
+        raise AbsorbError(f"no *.parts.tgz in {files_at}: nothing came back to absorb", 3)
+    grouped: dict[tuple[str, str], dict[str, bytes]] = {}
+    for archive in archives:
+        for name, data in read_archive(archive).items():
+            label, ds, file = name.split("/")
+            if dataset is None or ds == dataset:
+                grouped.setdefault((label, ds), {})[file] = data
+    if not grouped:
+        raise AbsorbError(f"no part of {dataset} in {', '.join(map(str, archives))}", 3)
+    for (label, ds), files in grouped.items():  # check every folder before writing any
+        _check_balls(reference_dir(reference, label, ds), files)
+    return {
+        reference_dir(reference, label, ds): _absorb_folder(
+            reference_dir(reference, label, ds), files, log
+        )
+        for (label, ds), files in grouped.items()
+    }
+
+
+def _check_balls(folder: Path, files: dict[str, bytes]) -> None:
+    incoming = files.get("balls.json")
+    if incoming is not None and (folder / "balls.json").exists():
+        key = json.loads((folder / "balls.json").read_text())[BALLS_KEY]
+        if json.loads(incoming)[BALLS_KEY] != key:
+            raise AbsorbError(
+                f"the call's balls are not the committed ones in {folder}: its parts are attacks "
+                "in other balls and are not absorbed (certify once: CCU's part brings the balls)",
+                4,
+            )
+
+
+def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
     from ccu.reference_results import assemble_reference
     from ccu.results import atomic_bytes
 
-    archives = sorted(Path(files_at).glob(f"{label}-{dataset}.parts.tgz"))
-    if not archives:
-        raise AbsorbError(f"no {label}-{dataset}.parts.tgz in {files_at}: nothing came back to absorb", 3)
-    files = read_archive(archives[0])
-    prefix = f"{label}/{dataset}/"
-    files = {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
-    folder = reference_dir(reference, label, dataset)
-    incoming_balls = files.get("balls.json")
-    if incoming_balls is not None and (folder / "balls.json").exists():
-        key = json.loads((folder / "balls.json").read_text())["balls_key"]
-        if json.loads(incoming_balls)["balls_key"] != key:
-            raise AbsorbError(
-                f"the call's balls are not the committed ones in {folder}: its parts are attacks in "
-                "other balls and are not absorbed (certify once: CCU's part brings the balls)", 4)  # fmt: skip
     by_method: dict[str, dict[str, bytes]] = {}
     for name, data in files.items():
         m = PART_FILE.match(name)
@@ -252,17 +294,19 @@ def absorb(files_at: Path, dataset: str, reference: Path, label: str, log=print)
             by_method.setdefault(m.group(1), {})[m.group(2)] = data
     written = []
     folder.mkdir(parents=True, exist_ok=True)
-    if incoming_balls is not None and not (folder / "balls.json").exists():
+    if "balls.json" in files and not (folder / "balls.json").exists():
         for name in BALL_FILES:  # balls.json last: the marker
             if name in files and name != "balls.json":
                 atomic_bytes(folder / name, files[name])
                 written.append(name)
-        atomic_bytes(folder / "balls.json", incoming_balls)
+        atomic_bytes(folder / "balls.json", files["balls.json"])
         written.append("balls.json")
     for method, part in sorted(by_method.items()):
         needed = {"config.json", "metrics.json", "attack.json", "attack.npz"}
         if not needed <= set(part):
-            log(f"{method}: incomplete part ({', '.join(sorted(needed - set(part)))} missing); not absorbed")
+            log(
+                f"{method}: incomplete part ({', '.join(sorted(needed - set(part)))} missing); not absorbed"
+            )
             continue
         committed = folder / f"{method}.config.json"
         if committed.exists():
@@ -292,25 +336,28 @@ def _same_run(a: bytes, b: bytes) -> bool:
 
 
 def absorb_command(args) -> int:
-    from ccu.config import get_profile
-
-    label = get_profile(args.profile, args.dataset).label
     try:
-        written = absorb(Path(args.files_at), args.dataset, Path(args.reference), label)
+        result = absorb(Path(args.files_at), Path(args.reference), args.dataset)
     except AbsorbError as exc:
         print(f"[lease] error: {exc}", file=sys.stderr)
         return exc.code
-    folder = reference_dir(args.reference, label, args.dataset)
-    done = committed_parts(folder)
-    print(f"{label}/{args.dataset}: {len(written)} files absorbed; committed parts: {', '.join(done)}")
+    paths = []
+    for folder, written in result.items():
+        done = committed_parts(folder)
+        print(f"{folder}: {len(written)} files absorbed; parts there: {', '.join(done) or 'none'}")
+        if written:
+            paths.append(folder)
     for log in sorted(Path(args.files_at).glob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-3:]
+        tail = log.read_text(errors="replace").splitlines()[-2:]
         print(f"{log.name}: " + " | ".join(tail))
-    if written and args.commit:
-        rel = folder.resolve().relative_to(REPO).as_posix()
-        subprocess.run(["git", "-C", str(REPO), "add", "--", rel], check=True)
-        msg = f"Lease parts {label}/{args.dataset}: {', '.join(sorted({w.split('.')[0] for w in written}))}"
-        subprocess.run(["git", "-C", str(REPO), "commit", "-q", "-m", msg, "--", rel], check=True)
+    if paths and args.commit:
+        rel = [p.resolve().relative_to(REPO).as_posix() for p in paths]
+        methods = sorted(
+            {w.split(".")[0] for ws in result.values() for w in ws} - {"balls", "radii"}
+        )
+        msg = f"Lease parts {', '.join(rel)}: {', '.join(methods) or 'balls'}"
+        subprocess.run(["git", "-C", str(REPO), "add", "--", *rel], check=True)
+        subprocess.run(["git", "-C", str(REPO), "commit", "-q", "-m", msg, "--", *rel], check=True)
         print(f"committed: {msg}")
     return 0
 
@@ -322,8 +369,9 @@ def main(argv=None) -> int:
         p = sub.add_parser(name)
         if name == "absorb":
             p.add_argument("files_at", help="the folder a device call's files lie in (files_at)")
-        p.add_argument("--dataset", required=True)
-        p.add_argument("--profile", default="paper")
+        p.add_argument("--dataset", required=name == "plan", help="absorb: only this dataset")
+        if name == "plan":
+            p.add_argument("--profile", default="paper")
         p.add_argument("--reference", default=str(REPO / "reference-results"))
         if name == "plan":
             p.add_argument("--budget-s", type=int, default=900, help="device seconds left (status)")

@@ -120,28 +120,43 @@ one() {  # one step of a lane, cut at the hard limit
   timeout -s INT -k 20 "$left" python3 -m ccu "$@" "${common[@]}"
 }
 
+finish() {  # lane k: attack a trained method in the balls, write its part, send it with the rest
+  local m=$1
+  one attack --method "$m" || { echo "$? $m attack" >"$lanes/rc-$k"; return 1; }
+  one part --method "$m" --out "$PARTS" || { echo "$? $m part" >"$lanes/rc-$k"; return 1; }
+  pack
+  echo "lease_run: $m finished at $((SECONDS - t0)) s"
+  if [ "$m" = CCU ]; then  # its guarantees (GAUC) join its part once it is sent
+    one evaluate --method CCU --guarantees >/dev/null &&
+      one part --method CCU --out "$PARTS" >/dev/null && pack
+  fi
+  return 0
+}
+
 k=0
 while read -r lane; do
   k=$((k + 1))
   (
+    # train one method after another; attack each at once when the balls are there, else
+    # after the lane's last training, once CCU's lane has certified them
+    pending=()
     for m in $lane; do
       one train --method "$m" || { echo "$? $m train" >"$lanes/rc-$k"; exit; }
       if [ "$m" = CCU ]; then
         one balls || { echo "$? $m balls" >"$lanes/rc-$k"; touch "$lanes/no-balls"; exit; }
+      fi
+      if [ -f "$adv/balls.json" ] && [ ${#pending[@]} = 0 ]; then
+        finish "$m" || exit
       else
-        while [ ! -f "$adv/balls.json" ]; do  # CCU's lane certifies them
-          [ -f "$lanes/no-balls" ] && { echo "3 $m balls" >"$lanes/rc-$k"; exit; }
-          sleep 2
-        done
+        pending+=("$m")
       fi
-      one attack --method "$m" || { echo "$? $m attack" >"$lanes/rc-$k"; exit; }
-      one part --method "$m" --out "$PARTS" || { echo "$? $m part" >"$lanes/rc-$k"; exit; }
-      pack
-      echo "lease_run: $m finished at $((SECONDS - t0)) s" >>"$lanes/log-$k"
-      if [ "$m" = CCU ]; then  # its guarantees (GAUC) join its part after the others' attacks
-        one evaluate --method CCU --guarantees >/dev/null &&
-          one part --method CCU --out "$PARTS" && pack
-      fi
+    done
+    for m in "${pending[@]}"; do
+      while [ ! -f "$adv/balls.json" ]; do  # CCU's lane certifies them
+        [ -f "$lanes/no-balls" ] && { echo "3 $m (no balls: CCU failed)" >"$lanes/rc-$k"; exit; }
+        sleep 2
+      done
+      finish "$m" || exit
     done
     echo 0 >"$lanes/rc-$k"
   ) >>"$lanes/log-$k" 2>&1 &

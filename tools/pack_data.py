@@ -18,7 +18,7 @@ pack: path, bytes, sha256, part). A device call carries the project and paths na
 at most 64 MiB together; each part fits ``--limit-mib`` (default 56, a margin under 64) with the
 project (tracked files, ``git ls-files -z | xargs -0 du -cb``, and untracked ones that are not
 ignored, which travel too). A dataset needing more is split into parts carried by consecutive
-calls on the same warm machine; ``--gather`` (run there by ``tools/device_run.sh``) copies the
+calls on the same warm machine; ``--gather`` (run there by ``tools/lease_run.sh`` and ``tools/device_run.sh``) copies the
 parts that came into one folder and says which are still missing. ``<dest>`` must be git-ignored
 (``.devdata/`` is), else the data would travel with every call.
 
@@ -368,7 +368,7 @@ def report(manifest: dict, log=print) -> None:
     if m["parts"] > 1:
         log(
             f"{m['parts']} device calls carry it, one part each, on the same warm machine (each "
-            "call begins within ~30 s of the last one's end); tools/device_run.sh gathers them."
+            "call begins within ~30 s of the last one's end); tools/lease_run.sh gathers them."
         )
     for k, path in enumerate(m["carry"], 1):
         log(f"carry (call {k}): {json.dumps([path])}")
