@@ -123,6 +123,18 @@ def cmd_train(args) -> int:
     from ccu.records import LOADED, SECONDS, TEST_ERROR
 
     spec = _spec(args)
+    if args.member is not None:  # one member of an ensemble, in a lane of its own
+        from ccu.experiment import train_member
+
+        if args.stop_after is not None:
+            raise UsageError("--member and --stop-after do not mix: a member trains to its end.")
+        done = train_member(spec, args.member, root=_root(args))
+        print(
+            f"member {args.member} of {args.method} on {args.dataset} (profile "
+            f"{spec.profile.name}, seed {args.seed}): "
+            + ("trained" if done else "the run is finished already")
+        )
+        return EXIT_OK
     if args.stop_after is None:
         stamp = steps.train_one(spec, _root(args))
     else:

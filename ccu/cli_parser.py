@@ -127,6 +127,13 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
             )
         if name == "train":
             p.add_argument(
+                "--member",
+                type=int,
+                metavar="I",
+                help="DE: train member I alone (a lane of its own on one GPU); `ccu train` of "
+                "the method then resumes every member from its checkpoint",
+            )
+            p.add_argument(
                 "--stop-after",
                 type=float,
                 metavar="SECONDS",

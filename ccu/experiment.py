@@ -154,6 +154,42 @@ def run_method(
     return RunResult(m, config, scores, metrics, files.directory, False)
 
 
+def train_member(spec: RunSpec, member: int, data: Dataset | None = None, root=None,
+                 on_epoch_end=None) -> bool:  # fmt: skip
+    """Train one member of an ensemble run (``ccu train --method DE --member I``): a lane of its
+    own on one GPU, so that the members train at once. Writes the run's pending config (under
+    the run's lock, as :func:`run_method` does) and member ``member``'s epoch checkpoint; the
+    run itself (:func:`run_method`, afterwards or at the same time) resumes every member from
+    its checkpoint: a finished member trains nothing, so its weights are those of this process.
+    Returns False when the run is already finished (nothing to do)."""
+    from ccu.checks import UsageError
+
+    prof = spec.profile
+    cls = get_method(spec.method)
+    if not getattr(cls, "member_lanes", False):
+        raise UsageError(f"--member: {spec.method} has no members trained apart (DE has).")
+    if data is None:
+        data = run_data(spec.dataset, prof, spec.seed)
+    m = cls(data.spec, train_settings(spec.dataset), prof, seed=spec.seed, device=spec.device,
+            **spec.options.as_kwargs())  # fmt: skip
+    if not 0 <= member < prof.ensemble:
+        raise UsageError(f"--member must be in 0..{prof.ensemble - 1} (the profile's ensemble).")
+    files = store.MethodStore(store.method_dir(prof, spec.dataset, spec.method, root, spec.seed))
+    config = spec.config(data, m)
+    with store.locked(files.directory, f"{spec.method} on {spec.dataset}"):
+        saved = files.saved_config()
+        if saved is not None and store.same_config(saved, config):
+            return False
+        files.check_no_other_run(config)
+        files.start_training(config)  # keeps the checkpoints of this configuration
+    m.build(data)
+    m.fit(data, checkpoint=files.checkpoint, on_epoch_end=on_epoch_end, members=[member])
+    log(
+        f"trained member {member} of {spec.method} on {spec.dataset} ({prof.name}, seed {spec.seed})"
+    )
+    return True
+
+
 def score_sets(method, data: Dataset, ood_seed: int = 1):
     """Per-sample scores on the test set (once) and every OOD set of the dataset; metrics (the
     JSON of a :class:`ccu.records.Metrics`, ``metrics.json``).

@@ -203,21 +203,37 @@ def _radii_csv(radii) -> bytes:
     return buf.getvalue()
 
 
-def _refuse_other_run(out: Path, name: str, config: dict) -> None:
+def _refuse_other_run(out: Path, name: str, config: dict, balls_key: str | None = None) -> None:
     """:class:`ccu.results.ResultConflictError` when ``out`` holds a part of ``name`` made by
-    another configuration: a committed result is never replaced by a different one."""
+    another run (another configuration, or the same one trained again: other files), or, for
+    the ball method (``balls_key`` given), other balls: a written part is never replaced by a
+    different one."""
     import json
 
     path = method_file(out, name, CONFIG)
-    if not path.exists():
-        return
-    saved = store.normalised_config(json.loads(path.read_text()))
-    if store.config_key(saved) != store.config_key(store.normalised_config(config)):
-        what = "; ".join(store.config_differences(saved, config)) or "its config key"
-        raise store.ResultConflictError(
-            f"{path} is the part of another {name} run ({what}); it is kept. Move it away (or "
-            "give another --out) to write this run's part."
-        )
+    if path.exists():
+        saved = store.normalised_config(json.loads(path.read_text()))
+        wanted = store.normalised_config(config)
+        if store.config_key(saved) != store.config_key(wanted):
+            what = "; ".join(store.config_differences(saved, config)) or "its config key"
+        elif saved.get("files") != wanted.get("files"):
+            what = "the same configuration trained again: other weights"
+        else:
+            what = None
+        if what is not None:
+            raise store.ResultConflictError(
+                f"{path} is the part of another {name} run ({what}); it is kept. Move it away "
+                "(or give another --out) to write this run's part."
+            )
+    balls = Path(out) / store.BALLS
+    if balls_key is not None and balls.exists():
+        from ccu.records import BALLS_KEY
+
+        if json.loads(balls.read_text()).get(BALLS_KEY) != balls_key:
+            raise store.ResultConflictError(
+                f"{balls} holds other balls than those {name} certified; they are kept (the "
+                "parts there were attacked in them). Move the folder away to start anew."
+            )
 
 
 def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=16 << 20) -> Path:
@@ -228,7 +244,9 @@ def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=
     ``balls.npz`` (centres, radii, the metric's eigen-decomposition in float64) when it is at
     most ``max_balls_bytes`` (MNIST's is ~5 MB; CIFAR-10's ~75 MB stays in the results).
     Provenance: the commit, the device and GPU, torch, the training and attack seconds, the
-    seconds per epoch, and ``CCU_LANES`` (how many trainings shared the device) when set."""
+    seconds per epoch, ``CCU_LANES`` (how many lanes shared the device) and
+    ``CCU_TRAIN_WALL_SECONDS`` (the lane's wall time of the training, an ensemble's members
+    trained at once included) when set."""
     import os
 
     import numpy as np
@@ -270,11 +288,14 @@ def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=
         ATTACK_SECONDS: attack[PART_ROW].get(ATTACK_SECONDS),
         "lanes": int(os.environ.get("CCU_LANES", "1")),
     }
+    if os.environ.get("CCU_TRAIN_WALL_SECONDS"):  # tools/lease_run.sh: DE's members included
+        provenance_["train_wall_seconds"] = float(os.environ["CCU_TRAIN_WALL_SECONDS"])
     cfg = dict(config, **{COMMIT: provenance_[COMMIT], DEVICE: provenance_[DEVICE]})
-    _refuse_other_run(out, method, cfg)
+    is_ball_method = method == balls.summary[BALLS_FROM]
+    _refuse_other_run(out, method, cfg, balls.key if is_ball_method else None)
     out.mkdir(parents=True, exist_ok=True)
     guarantees = store.read_json(d / store.GUARANTEES) if (d / store.GUARANTEES).exists() else None
-    if method == balls.summary[BALLS_FROM]:  # the balls come with the part of their method
+    if is_ball_method:  # the balls come with the part of their method
         if (adv / store.BALLS_ARRAYS).stat().st_size <= max_balls_bytes:
             store.atomic_bytes(out / store.BALLS_ARRAYS, (adv / store.BALLS_ARRAYS).read_bytes())
         store.atomic_bytes(out / RADII, _radii_csv(balls.radii.numpy()))
@@ -298,9 +319,11 @@ def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=
 def assemble_reference(directory: Path) -> dict | None:
     """``table1.json`` and ``figure2.npz`` of a reference folder from its parts (the module
     docstring): the balls' summary, the ball method's certificate in it, every part's row (in
-    the paper's order), ``parts`` (the methods present) and the provenance: the commit and
+    the paper's order), ``parts`` (the methods present; ``skipped_for_time``: the paper's
+    methods without a part yet) and the provenance: the commit and
     device when all parts share them ("mixed" otherwise; each part keeps its own), the seconds
-    of every training and attack. None (nothing written) without ``balls.json``. A part
+    of every training and attack. None (nothing written) without ``balls.json`` or the part of
+    the method that certified them (its certificate is part of the table). A part
     attacked in other balls than the folder's is :class:`ccu.results.CorruptResultError`."""
     import json
 
@@ -308,7 +331,7 @@ def assemble_reference(directory: Path) -> dict | None:
 
     from ccu.balls import CENTRE_SEED_OFFSET
     from ccu.data import get_spec, uniform_noise
-    from ccu.methods import ordered
+    from ccu.methods import METHOD_ORDER, ordered
     from ccu.records import (
         BALL_RUN_FILES,
         BALLS_ARRAYS_SHA256,
@@ -346,12 +369,13 @@ def assemble_reference(directory: Path) -> dict | None:
     drop = (BALLS_KEY, BALLS_ARRAYS_SHA256, BALL_RUN_FILES)
     table1 = {k: v for k, v in record.items() if k not in drop}
     ball_method = table1[BALLS_FROM]
-    if ball_method in parts:
-        own = parts[ball_method][PART_ROW][CERTIFICATE]
-        table1[CCU_BOUND_VIOLATIONS] = own[BOUND_VIOLATIONS]
-        table1[CCU_POINTS_OUTSIDE_BALLS] = own[POINTS_OUTSIDE_BALLS]
-        table1[CCU_MAX_CONFIDENCE_FLOAT64] = own[MAX_CONFIDENCE_FLOAT64]
-        table1[CCU_MAX_FLOAT32_DEVIATION] = own[MAX_FLOAT32_DEVIATION]
+    if ball_method not in parts:  # its certificate is part of Table 1: no table without it
+        return None
+    own = parts[ball_method][PART_ROW][CERTIFICATE]
+    table1[CCU_BOUND_VIOLATIONS] = own[BOUND_VIOLATIONS]
+    table1[CCU_POINTS_OUTSIDE_BALLS] = own[POINTS_OUTSIDE_BALLS]
+    table1[CCU_MAX_CONFIDENCE_FLOAT64] = own[MAX_CONFIDENCE_FLOAT64]
+    table1[CCU_MAX_FLOAT32_DEVIATION] = own[MAX_FLOAT32_DEVIATION]
     table1[METHODS] = {n: parts[n][PART_ROW] for n in names}
     prov = {n: parts[n][PART_PROVENANCE] for n in names}
 
@@ -370,7 +394,8 @@ def assemble_reference(directory: Path) -> dict | None:
             DEVICE: shared(DEVICE),
             DEVICE_NAME: shared(DEVICE_NAME),
             TORCH_VERSION: shared(TORCH_VERSION),
-            SKIPPED_FOR_TIME: [],
+            # a partial grid: the paper's methods without a part yet (none run so far)
+            SKIPPED_FOR_TIME: [m for m in METHOD_ORDER if m not in parts],
             WALL_SECONDS_PER_METHOD: per_method,
             PARTS: names,
         }
@@ -378,8 +403,7 @@ def assemble_reference(directory: Path) -> dict | None:
     write_table1(d, table1)
     radii = np.loadtxt(d / RADII, ndmin=1)
     certified = ~np.isnan(radii)
-    ball_config = method_file(d, ball_method, CONFIG)  # written with the balls (write_part)
-    seed = json.loads(ball_config.read_text()).get("seed", 0) if ball_config.exists() else 0
+    seed = json.loads(method_file(d, ball_method, CONFIG).read_text()).get("seed", 0)
     dataset = d.name  # <label>/<dataset>/
     centres = uniform_noise(record[N_CENTRES], get_spec(dataset).shape, seed + CENTRE_SEED_OFFSET)
     arrays = {"seed": centres.numpy()[certified][:FIGURE2_BALLS]}

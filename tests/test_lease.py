@@ -16,6 +16,7 @@ import pytest
 
 from ccu import cli, reference_results
 from ccu.config import get_profile
+from ccu.results import ResultConflictError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -23,9 +24,10 @@ import lease  # noqa: E402
 
 TINY = {"epochs": 1, "n_train": 200, "n_centres": 6, "attack_steps": 3, "attack_restarts": 1}
 LABEL = get_profile("smoke", "digits", **TINY).label
+TINY_TRAINING_LABEL = get_profile("smoke", "digits", **TINY).training_label
 METHODS = ["CCU", "Base", "ODIN"]
 #: fields that time or date a run: they differ between two runs of the same thing
-CLOCK = {"attack_seconds", "train_seconds", "wall_seconds", "wall_seconds_total",
+CLOCK = {"attack_seconds", "train_seconds", "wall_seconds", "wall_seconds_total", "train_wall_seconds",
          "wall_seconds_per_method", "train_seconds_per_epoch", "commit", "lanes", "history"}  # fmt: skip
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -76,8 +78,9 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     whole, tmp_path
 ):
     ref = tmp_path / "reference"  # what git holds between the two leases
-    # lease 1 ends after CCU's part (one lane: CCU, then Base and ODIN, which are lost)
-    cut, out = lease_run(tmp_path, "A", ref, METHODS, jobs=1, LEASE_KILL_AFTER_PARTS="1")
+    # lease 1 ends after its first part: CCU's, which carries the balls, always goes first
+    # (the Base lane waits for it to be sent); Base and ODIN are lost
+    cut, out = lease_run(tmp_path, "A", ref, METHODS, jobs=2, LEASE_KILL_AFTER_PARTS="1")
     assert cut.returncode != 0
     lease.absorb(out, ref)
     folder = ref / LABEL / "digits"
@@ -85,10 +88,15 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     assert (folder / "balls.npz").exists() and (folder / "table1.json").exists()
     assert list(json.loads((folder / "table1.json").read_text())["methods"]) == ["CCU"]
     # the next lease plans from the committed parts only: CCU never runs again
-    calls, later, too_long = lease.plan("digits", ref, LABEL, budget_s=900, jobs=2)
+    calls, later, too_long, problem = lease.plan("digits", ref, LABEL, budget_s=900, jobs=2)
+    assert problem is None
     planned = [m for methods, _, _ in calls for m in methods] + later + list(too_long)
     assert "CCU" not in planned and {"Base", "ODIN"} <= set(planned)
-    # a fresh machine (machine B: no results, no parts) attacks in the committed balls
+    # a fresh machine (machine B: no results) attacks in the committed balls; a temporary file
+    # that a killed write left among its parts never travels (an archive with it is refused)
+    stray = tmp_path / "parts-B" / LABEL / "digits" / ".Base.config.json.123.tmp"
+    stray.parent.mkdir(parents=True)
+    stray.write_text("half a file")
     run, out = lease_run(tmp_path, "B", ref, ["Base", "ODIN"])
     assert run.returncode == 0, run.stdout + run.stderr
     assert "attacks in the committed balls" in (out / f"{LABEL}-digits.log").read_text()
@@ -135,20 +143,31 @@ def test_absorb_never_replaces_a_committed_part_nor_mixes_balls(whole, tmp_path)
 
 
 def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path):
-    calls, later, too_long = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
+    calls, later, too_long, problem = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
     first = calls[0][0]
-    assert first[0] == "CCU"  # the balls first: every other attack needs them
-    assert {"ACET", "ACET2", "DE"} <= set(too_long)  # longer than a call even alone
+    assert first[0] == "CCU" and problem is None  # the balls first: every attack needs them
+    assert {"ACET", "ACET2"} == set(too_long)  # longer than a call even alone (DE: in lanes)
     assert set(first).isdisjoint(later) and set(first).isdisjoint(too_long)
     assert set(first) | set(later) | set(too_long) | {m for c in calls[1:] for m in c[0]} == set(
         lease.ALL
     )
+    spent = lease.START_S
     for _, lanes, work in calls:
         assert lanes <= 4 and work <= 600 - lease.CALL_OVERHEAD_S - lease.HARD_MARGIN_S
+        spent += lease.call_timeout(work) + lease.CALL_OVERHEAD_S
+    assert spent <= 900
     # a lease too short for CCU plans nothing rather than strand a method
     assert lease.plan("mnist", tmp_path, "paper", budget_s=400, jobs=4)[0] == []
     for m in too_long:
         assert 1 <= lease.reduced_epochs(m) < 100
+    # CCU committed with balls too big for git: the others can never be attacked in them
+    folder = tmp_path / "paper" / "mnist"
+    folder.mkdir(parents=True)
+    for name in ("CCU.attack.json", "CCU.config.json", "balls.json"):
+        (folder / name).write_text("{}")
+    calls, later, _, problem = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
+    assert calls == [] and "Base" in later and "balls.npz" in problem
+    assert lease.main(["plan", "--dataset", "mnist", "--reference", str(tmp_path)]) == 3
 
 
 def test_a_part_is_never_overwritten_by_another_run(whole, tmp_path):
@@ -156,9 +175,45 @@ def test_a_part_is_never_overwritten_by_another_run(whole, tmp_path):
     out = tmp_path / "x"
     out.mkdir()
     (out / "Base.config.json").write_text(json.dumps(dict(cfg, seed=7)))
-    with pytest.raises(Exception, match="part of another Base run"):
+    with pytest.raises(ResultConflictError, match="part of another Base run"):
+        reference_results._refuse_other_run(out, "Base", cfg)
+    # the same configuration trained again (on a GPU: other weights) is another run too
+    (out / "Base.config.json").write_text(json.dumps(dict(cfg, files={"model.pt": "0" * 64})))
+    with pytest.raises(ResultConflictError, match="trained again"):
         reference_results._refuse_other_run(out, "Base", cfg)
     reference_results._refuse_other_run(whole, "Base", cfg)  # the same run: fine
+    ccu = json.loads((whole / "CCU.config.json").read_text())
+    with pytest.raises(ResultConflictError, match="other balls"):
+        reference_results._refuse_other_run(whole, "CCU", ccu, balls_key="0" * 64)
+
+
+def test_parts_and_balls_are_absorbed_only_together_with_the_balls_method(whole, tmp_path):
+    """A call cut after Base's part but before CCU's (whose part carries the balls) brings
+    parts attacked in balls that git does not hold: they are not absorbed, nor are balls
+    without CCU's whole part; CCU's part with its balls is, and Base's again after it."""
+    ref = tmp_path / "reference"
+    folder = ref / LABEL / "digits"
+    call = tmp_path / "call"
+    call.mkdir()
+
+    def send(names):
+        with tarfile.open(call / f"{LABEL}-digits.parts.tgz", "w:gz") as tf:
+            for name in names:
+                tf.add(whole / name, f"{LABEL}/digits/{name}")
+
+    base = [p.name for p in whole.glob("Base.*")]
+    ccu = [p.name for p in whole.glob("CCU.*")]
+    balls = ["balls.json", "balls.npz", "radii.csv"]
+    said = []
+    send(base + balls)
+    assert lease.absorb(call, ref, log=said.append) == {folder: []}
+    assert any("without the whole part of CCU" in s for s in said)
+    assert any("Base: attacked in balls that are not committed" in s for s in said)
+    assert not (folder / "balls.json").exists() and lease.committed_parts(folder) == []
+    send(ccu + balls + base)
+    lease.absorb(call, ref)
+    assert lease.committed_parts(folder) == ["Base", "CCU"]
+    assert (folder / "balls.json").read_bytes() == (whole / "balls.json").read_bytes()
 
 
 def test_attacking_without_balls_or_in_stale_balls_is_one_line(tmp_path, capsys):
@@ -182,3 +237,32 @@ def test_attacking_without_balls_or_in_stale_balls_is_one_line(tmp_path, capsys)
     (adv / "balls.json").write_text(json.dumps(record))
     (adv / "balls.npz").write_bytes(b"broken")
     assert cli.main(["attack", "--method", "Base", *common]) == cli.EXIT_CORRUPT
+
+
+def test_de_members_trained_in_lanes_at_once_give_the_sequential_run(tmp_path):
+    """DE's members in processes of their own (``ccu train --member I``) while the run itself
+    trains: each member is trained once (a lock per member), the run resumes the others from
+    their final checkpoints, and every file equals that of one process training all members."""
+    common = ["--dataset", "digits", "--method", "DE", "--device", "cpu", "--no-progress",
+              "--overrides", json.dumps(TINY)]  # fmt: skip
+    assert cli.main(["train", *common, "--results", str(tmp_path / "one")]) == cli.EXIT_OK
+    lanes = tmp_path / "lanes"
+    env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
+    cmd = [sys.executable, "-m", "ccu", "train", *common, "--results", str(lanes)]
+    procs = [subprocess.Popen([*cmd, "--member", str(i)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in (2, 1)]  # fmt: skip
+    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))  # fmt: skip
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    run = Path(TINY_TRAINING_LABEL) / "digits" / "seed0" / "DE"
+    for name in ("model.pt", "scores.npz", "metrics.json"):
+        assert (lanes / run / name).read_bytes() == (tmp_path / "one" / run / name).read_bytes()
+    history = [json.loads((d / run / "config.json").read_text())["history"]
+               for d in (lanes, tmp_path / "one")]  # fmt: skip
+    assert history[0] == history[1]
+    # a finished run: a member lane has nothing to do; a member outside the ensemble is usage
+    again = subprocess.run([*cmd, "--member", "0"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "finished already" in again.stdout
+    bad = subprocess.run([*cmd, "--member", "3"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--member must be in 0..2" in bad.stderr

@@ -40,7 +40,8 @@ ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE",
 #: device seconds per method on MNIST at the paper's protocol (100 epochs; 200 centres x 50
 #: restarts x 500 steps): (train and score, attack). Measured on the H200 lease of 2026-11-26
 #: (four lanes at once): Base 154 s, ODIN 12 s, Maha 8 s, OE 183 s, EDL 268 s; CCU 4.0 s an
-#: epoch plus its ~90 s mixture fit. Estimated: DE five Base trainings; MCD and GAN on VGG13
+#: epoch plus its ~90 s mixture fit. Estimated: DE as one Base training and its scoring (its
+#: five members train at once in processes of their own, as four lanes did); MCD and GAN on VGG13
 #: (the H100 benchmark's ResNet18 epoch, 2.9 s, for VGG13's); ACET and ACET2 40 inner PGD
 #: steps of ~2.0 / 2.3 ms each per batch (the `cpu`-profile H200 run): 469 batches x 100
 #: epochs. The attacks: the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x 500).
@@ -51,7 +52,7 @@ COST_S = {
     "EDL": (268, 15),
     "OE": (183, 15),
     "CCU": (490, 25),
-    "DE": (770, 70),
+    "DE": (200, 70),  # its five members at once, each in a process of its own
     "MCD": (330, 95),
     "GAN": (420, 15),
     "ACET": (3800, 15),
@@ -118,11 +119,21 @@ def lane_end(lane: list[tuple[list[str], int, int]], ready: int) -> int:
 
 def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60):
     """The calls of a lease: ``[(methods, lanes, seconds of work)]``, the methods left for a
-    later lease, and those that cannot finish in one call even alone (``{method: seconds}``)."""
+    later lease, those that cannot finish in one call even alone (``{method: seconds}``), and
+    a problem that stops the grid (None if none): CCU's part committed without the balls'
+    metric (over 16 MiB), so no other method can be attacked in them in a later lease."""
     folder = reference_dir(reference, label, dataset)
     done = set(committed_parts(folder))
     todo = [m for m in ALL if m not in done]
     balls = (folder / "balls.json").exists() and (folder / "balls.npz").exists()
+    problem = None
+    if "CCU" in done and not balls and todo:
+        problem = (
+            f"{folder} holds CCU's part but not its balls' metric (balls.npz, too big for git): "
+            f"{', '.join(todo)} cannot be attacked in its balls in another lease; run them in a "
+            "call with CCU (move CCU's part away first)"
+        )
+        return [], todo, {}, problem
     longest = 600 - CALL_OVERHEAD_S - HARD_MARGIN_S  # work of one call at most
     too_long = {}
     for group, train, attack in units(todo):
@@ -161,9 +172,14 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60):
         work = max(lane_end(lane, 0 if lane[0][0] == ["CCU"] else ready) for lane in lanes)
         calls.append((chosen, len(lanes), work))
         todo = [m for m in todo if m not in chosen]
-        left -= work + HARD_MARGIN_S + CALL_OVERHEAD_S
+        left -= call_timeout(work) + CALL_OVERHEAD_S  # what print_plan gives the call
         balls = True
-    return calls, todo, too_long
+    return calls, todo, too_long, problem
+
+
+def call_timeout(work: int) -> int:
+    """A call's ``timeout_s`` for ``work`` seconds of planned work."""
+    return min(600, int(work + HARD_MARGIN_S + 20))
 
 
 def reduced_epochs(method: str, epochs: int = 100) -> int:
@@ -179,7 +195,12 @@ def print_plan(args) -> int:
     label = get_profile(args.profile, args.dataset).label
     folder = reference_dir(args.reference, label, args.dataset)
     done = committed_parts(folder)
-    calls, later, too_long = plan(args.dataset, args.reference, label, args.budget_s, args.jobs)
+    calls, later, too_long, problem = plan(
+        args.dataset, args.reference, label, args.budget_s, args.jobs
+    )
+    if problem:
+        print(f"[lease] error: {problem}", file=sys.stderr)
+        return 3
     print(
         f"{label}/{args.dataset}: committed {len(done)} of {len(ALL)} ({', '.join(done) or 'none'})"
     )
@@ -192,7 +213,7 @@ def print_plan(args) -> int:
         carry = [f".devdata/{args.dataset}/part-1"]
     left = args.budget_s
     for k, (methods, lanes, work) in enumerate(calls, 1):
-        timeout = min(600, int(work + HARD_MARGIN_S + 20))
+        timeout = call_timeout(work)
         env = f"JOBS={lanes} HARD_LIMIT={timeout - HARD_MARGIN_S}"
         if args.profile != "paper":
             env += f" PROFILE={args.profile}"
@@ -284,29 +305,53 @@ def _check_balls(folder: Path, files: dict[str, bytes]) -> None:
 
 
 def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
+    """One folder's share of :func:`absorb`. The balls and the part of the method that
+    certified them travel together: balls are taken only with that method's whole part, and a
+    part only when it was attacked in the balls committed (or taken) here; anything else waits
+    for a call that runs it again."""
+    from ccu.records import BALLS_FROM, PART_BALLS_KEY
     from ccu.reference_results import assemble_reference
-    from ccu.results import atomic_bytes
+    from ccu.results import CorruptResultError, atomic_bytes
 
     by_method: dict[str, dict[str, bytes]] = {}
     for name, data in files.items():
         m = PART_FILE.match(name)
         if m:
             by_method.setdefault(m.group(1), {})[m.group(2)] = data
+    needed = {"config.json", "metrics.json", "attack.json", "attack.npz"}
+    whole = {}
+    for method, part in sorted(by_method.items()):
+        if needed <= set(part):
+            whole[method] = part
+        else:
+            missing = ", ".join(sorted(needed - set(part)))
+            log(f"{method}: incomplete part ({missing} missing); not absorbed")
+    take_balls, key = False, None
+    if (folder / "balls.json").exists():
+        key = json.loads((folder / "balls.json").read_text())[BALLS_KEY]
+    elif "balls.json" in files:
+        incoming = json.loads(files["balls.json"])
+        owner = whole.get(incoming[BALLS_FROM])
+        if (
+            owner is not None
+            and json.loads(owner["attack.json"])[PART_BALLS_KEY] == incoming[BALLS_KEY]
+        ):
+            take_balls, key = True, incoming[BALLS_KEY]
+        else:
+            log(f"the balls came without the whole part of {incoming[BALLS_FROM]}: not absorbed")
     written = []
     folder.mkdir(parents=True, exist_ok=True)
-    if "balls.json" in files and not (folder / "balls.json").exists():
+    if take_balls:
         for name in BALL_FILES:  # balls.json last: the marker
             if name in files and name != "balls.json":
                 atomic_bytes(folder / name, files[name])
                 written.append(name)
         atomic_bytes(folder / "balls.json", files["balls.json"])
         written.append("balls.json")
-    for method, part in sorted(by_method.items()):
-        needed = {"config.json", "metrics.json", "attack.json", "attack.npz"}
-        if not needed <= set(part):
-            log(
-                f"{method}: incomplete part ({', '.join(sorted(needed - set(part)))} missing); not absorbed"
-            )
+    for method, part in whole.items():
+        if key is None or json.loads(part["attack.json"])[PART_BALLS_KEY] != key:
+            log(f"{method}: attacked in balls that are not committed here (their method's part "
+                "did not come back); not absorbed: run it again")  # fmt: skip
             continue
         committed = folder / f"{method}.config.json"
         if committed.exists():
@@ -324,7 +369,12 @@ def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
                 atomic_bytes(folder / f"{method}.{k}", part[k])
                 written.append(f"{method}.{k}")
     if written:
-        assemble_reference(folder)
+        try:
+            assemble_reference(folder)
+        except (CorruptResultError, KeyError, ValueError) as exc:
+            raise AbsorbError(
+                f"{folder}: the tables cannot be rebuilt from its parts ({exc})", 4
+            ) from exc
     return written
 
 

@@ -15,7 +15,10 @@
 # CCU goes first in lane 1: right after its training `ccu balls` certifies and saves the balls,
 # and every other lane waits for them before its attack. Without CCU in the call, the balls
 # committed with CCU's part (reference-results/<label>/<dataset>/balls.json|npz) are used.
-# ODIN and Maha follow Base in its lane (they are built on it).
+# ODIN and Maha follow Base in its lane (they are built on it). DE's members train at once, each
+# in a process of its own (`ccu train --method DE --member I`; MEMBER_LANES=0: one after another
+# in DE's lane); DE's own training then resumes each from its final checkpoint (and trains any
+# member whose process failed).
 #
 # Environment: PROFILE (paper), OVERRIDES (JSON profile fields: a reduced variant, e.g.
 # '{"epochs": 30}' is paper-e30, never mixed with paper), JOBS (lanes at once, default 4),
@@ -40,6 +43,7 @@ THREADS=${THREADS:-16}
 JOBS=${JOBS:-4}
 HARD_LIMIT=${HARD_LIMIT:-560}
 KILL_AFTER=${LEASE_KILL_AFTER_PARTS:-0}
+MEMBER_LANES=${MEMBER_LANES:-1}
 for v in JOBS HARD_LIMIT; do
   case ${!v} in
     '' | *[!0-9]* | 0) echo "$v must be a positive whole number, not '${!v}'" >&2; exit 2 ;;
@@ -55,8 +59,8 @@ t0=$SECONDS
 labels=$(python3 -c 'import json, sys
 from ccu.config import get_profile
 p = get_profile(sys.argv[1], sys.argv[3], **json.loads(sys.argv[2] or "{}"))
-print(p.label)' "$PROFILE" "$OVERRIDES" "$ds") || { echo "bad PROFILE/OVERRIDES/DATASET" >&2; exit 2; }
-label=$labels
+print(p.label, p.ensemble)' "$PROFILE" "$OVERRIDES" "$ds") || { echo "bad PROFILE/OVERRIDES/DATASET" >&2; exit 2; }
+read -r label ensemble <<<"$labels"
 log=$OUT/$label-$ds.log
 tgz=$OUT/$label-$ds.parts.tgz
 say() { echo "lease_run: $*" | tee -a "$log"; }
@@ -71,41 +75,48 @@ if [ "$ds" != digits ] && [ -z "${CCU_OFFLINE_DATA:-}" ]; then
 fi
 
 adv=$CCU_RESULTS/$label/$ds/seed0/adversarial
+ref=$REFERENCE/$label/$ds
 with_ccu=0
 for m in "${methods[@]}"; do [ "$m" = CCU ] && with_ccu=1; done
-if [ "$with_ccu" = 0 ] && [ ! -f "$adv/balls.json" ]; then
-  if [ -f "$REFERENCE/$label/$ds/balls.json" ] && [ -f "$REFERENCE/$label/$ds/balls.npz" ]; then
-    mkdir -p "$adv" && cp "$REFERENCE/$label/$ds/balls.json" "$REFERENCE/$label/$ds/balls.npz" "$adv/"
-    say "attacks in the committed balls of $REFERENCE/$label/$ds"
-  else
-    say "no balls: run CCU in this call, or commit its part with balls.npz first"
-    exit 3
-  fi
+if [ "$with_ccu" = 1 ]; then
+  rm -f "$adv/balls.json"  # none left from an earlier call: this call's CCU certifies them
+elif [ -f "$ref/balls.json" ] && [ -f "$ref/balls.npz" ]; then
+  # only the committed balls: a part attacked in any other would not be absorbed
+  mkdir -p "$adv" && cp "$ref/balls.npz" "$adv/" && cp "$ref/balls.json" "$adv/"
+  say "attacks in the committed balls of $ref"
+else
+  say "no balls: run CCU in this call, or commit its part with balls.npz first"
+  exit 3
 fi
 
+threads=$((THREADS / JOBS > 0 ? THREADS / JOBS : 1))
 common=(--dataset "$ds" --profile "$PROFILE" --seed 0 --device "${DEVICE:-auto}" --no-progress
-        --threads $((THREADS / JOBS > 0 ? THREADS / JOBS : 1)))
+        --threads "$threads")
 [ -n "$OVERRIDES" ] && common+=(--overrides "$OVERRIDES")
-export OMP_NUM_THREADS=$((THREADS / JOBS > 0 ? THREADS / JOBS : 1)) CCU_LANES=$JOBS
+export OMP_NUM_THREADS=$threads CCU_LANES=$JOBS
 lanes=$(mktemp -d)
 others=()
 for m in "${methods[@]}"; do [ "$m" = CCU ] || others+=("$m"); done
 {
   if [ "$with_ccu" = 1 ] && [ "$JOBS" -gt 1 ]; then
     echo CCU
-    [ ${#others[@]} -gt 0 ] && python3 tools/device_lanes.py --jobs $((JOBS - 1)) --methods "${others[@]}"
+    if [ ${#others[@]} -gt 0 ]; then
+      python3 tools/device_lanes.py --jobs $((JOBS - 1)) --methods "${others[@]}"
+    fi
   elif [ "$with_ccu" = 1 ]; then
-    echo "CCU ${others[*]}"
+    echo "CCU ${others[*]+${others[*]}}"
   else
     python3 tools/device_lanes.py --jobs "$JOBS" --methods "${others[@]}"
   fi
 } >"$lanes/lanes" || exit 2
 
-packed=0
-pack() {  # every part so far, in one archive, replaced atomically; the lock serialises lanes
+pack() {  # lane k: its staged parts join the others, all in one archive replaced atomically
   (
     flock 9
-    tar czf "$tgz.tmp" -C "$PARTS" . && mv -f "$tgz.tmp" "$tgz"
+    cp -r "$lanes/stage-$k/." "$PARTS/" &&
+      tar czf "$tgz.tmp" --exclude='*/.[!.]*' --exclude=table1.json --exclude=figure2.npz \
+        -C "$PARTS" . &&
+      mv -f "$tgz.tmp" "$tgz" || { echo "lease_run: packing failed" >&2; exit 1; }
     n=$(find "$PARTS" -name '*.attack.json' | wc -l)
     if [ "$KILL_AFTER" -gt 0 ] && [ "$n" -ge "$KILL_AFTER" ]; then
       echo "lease_run: LEASE_KILL_AFTER_PARTS=$KILL_AFTER: the lease ends here" >>"$log"
@@ -120,15 +131,31 @@ one() {  # one step of a lane, cut at the hard limit
   timeout -s INT -k 20 "$left" python3 -m ccu "$@" "${common[@]}"
 }
 
+await() {  # wait for file $1 unless $2 appears first (then 3) or the hard limit passes (124)
+  while [ ! -f "$1" ]; do
+    [ -f "$2" ] && return 3
+    [ $((HARD_LIMIT - (SECONDS - t0))) -gt 0 ] || return 124
+    sleep 2
+  done
+}
+
 finish() {  # lane k: attack a trained method in the balls, write its part, send it with the rest
-  local m=$1
+  local m=$1 rc
   one attack --method "$m" || { echo "$? $m attack" >"$lanes/rc-$k"; return 1; }
-  one part --method "$m" --out "$PARTS" || { echo "$? $m part" >"$lanes/rc-$k"; return 1; }
-  pack
+  CCU_TRAIN_WALL_SECONDS=$(cat "$lanes/train-seconds-$m") \
+    one part --method "$m" --out "$lanes/stage-$k" || { echo "$? $m part" >"$lanes/rc-$k"; return 1; }
+  if [ "$with_ccu" = 1 ] && [ "$m" != CCU ]; then  # CCU's part (with the balls) goes first
+    await "$lanes/ccu-packed" "$lanes/ccu-ended"
+    rc=$?
+    [ "$rc" = 0 ] || { echo "$rc $m (CCU's part, its balls, did not come)" >"$lanes/rc-$k"; return 1; }
+  fi
+  pack || { echo "1 $m pack" >"$lanes/rc-$k"; return 1; }
+  [ "$m" = CCU ] && : >"$lanes/ccu-packed"
   echo "lease_run: $m finished at $((SECONDS - t0)) s"
   if [ "$m" = CCU ]; then  # its guarantees (GAUC) join its part once it is sent
     one evaluate --method CCU --guarantees >/dev/null &&
-      one part --method CCU --out "$PARTS" >/dev/null && pack
+      CCU_TRAIN_WALL_SECONDS=$(cat "$lanes/train-seconds-$m") \
+        one part --method CCU --out "$lanes/stage-$k" >/dev/null && pack
   fi
   return 0
 }
@@ -136,14 +163,27 @@ finish() {  # lane k: attack a trained method in the balls, write its part, send
 k=0
 while read -r lane; do
   k=$((k + 1))
+  mkdir -p "$lanes/stage-$k"
   (
+    # CCU's lane says when it ends, however it ends: the others stop waiting for its balls
+    case " $lane " in *" CCU "*) trap ': >"$lanes/ccu-ended"' EXIT ;; esac
     # train one method after another; attack each at once when the balls are there, else
     # after the lane's last training, once CCU's lane has certified them
     pending=()
     for m in $lane; do
+      began=$SECONDS
+      if [ "$m" = DE ] && [ "$MEMBER_LANES" = 1 ]; then  # every member at once, then DE
+        members=()
+        for i in $(seq 0 $((ensemble - 1))); do
+          one train --method DE --member "$i" &
+          members+=($!)
+        done
+        wait "${members[@]}"  # a failed member is trained again by DE's own training below
+      fi
       one train --method "$m" || { echo "$? $m train" >"$lanes/rc-$k"; exit; }
+      echo "$((SECONDS - began))" >"$lanes/train-seconds-$m"  # the members' time included
       if [ "$m" = CCU ]; then
-        one balls || { echo "$? $m balls" >"$lanes/rc-$k"; touch "$lanes/no-balls"; exit; }
+        one balls || { echo "$? $m balls" >"$lanes/rc-$k"; exit; }
       fi
       if [ -f "$adv/balls.json" ] && [ ${#pending[@]} = 0 ]; then
         finish "$m" || exit
@@ -151,11 +191,10 @@ while read -r lane; do
         pending+=("$m")
       fi
     done
-    for m in "${pending[@]}"; do
-      while [ ! -f "$adv/balls.json" ]; do  # CCU's lane certifies them
-        [ -f "$lanes/no-balls" ] && { echo "3 $m (no balls: CCU failed)" >"$lanes/rc-$k"; exit; }
-        sleep 2
-      done
+    for m in ${pending[@]+"${pending[@]}"}; do
+      await "$adv/balls.json" "$lanes/ccu-ended"  # CCU's lane certifies them
+      rc=$?
+      [ "$rc" = 0 ] || { echo "$rc $m (no balls: CCU's lane ended without them)" >"$lanes/rc-$k"; exit; }
       finish "$m" || exit
     done
     echo 0 >"$lanes/rc-$k"

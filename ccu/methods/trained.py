@@ -6,8 +6,11 @@ silent, each method's own paper decides (noted per class).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 from torch import nn
 
 from ccu.data.images import uniform_noise
@@ -283,15 +286,30 @@ class DEMethod(BaseMethod):
         n = 1 + max(int(k.split(".")[0]) for k in state["model"])
         self.model = nn.ModuleList([self._classifier() for _ in range(n)]).to(self.device)
 
-    def fit(self, data, checkpoint=None, on_epoch_end=None) -> History:
+    #: its members train apart: ``ccu train --method DE --member I`` trains member I alone
+    #: (a lane of its own on one GPU), and the run that then trains the rest resumes each member
+    #: from its final checkpoint (:meth:`fit`)
+    member_lanes = True
+
+    def member_checkpoint(self, checkpoint, i: int):
+        """Member ``i``'s epoch checkpoint beside the run's (``member<i>.checkpoint.pt``)."""
+        return None if checkpoint is None else checkpoint.with_name(f"member{i}.{checkpoint.name}")
+
+    def fit(self, data, checkpoint=None, on_epoch_end=None, members=None) -> History:
+        """Train the members one after another (each with its own seed and checkpoint), or
+        only those in ``members``. With a checkpoint, each member's training holds a file lock
+        beside it: a member trained in another process at the same time (``ccu train
+        --member``) is waited for, then resumed from its last checkpoint, which for a finished
+        member trains nothing and gives the very weights and history it ended with."""
         hist = History()
         for i, member in enumerate(self._require_model()):
+            if members is not None and i not in members:
+                continue
             trainer = self.trainer(seed=self.seed * 1000 + i)
-            ckpt = (
-                None if checkpoint is None else checkpoint.with_name(f"member{i}.{checkpoint.name}")
-            )
+            ckpt = self.member_checkpoint(checkpoint, i)
             objective = _FGSMObjective(box=self.spec.value_range)
-            h = trainer.fit(member, data, ckpt, objective, on_epoch_end)
+            with FileLock(f"{ckpt}.lock") if ckpt is not None else nullcontext():
+                h = trainer.fit(member, data, ckpt, objective, on_epoch_end)
             hist.loss.extend(h.loss)
             hist.accuracy.extend(h.accuracy)
         return hist
