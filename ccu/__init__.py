@@ -40,6 +40,7 @@ from ccu.lp import (
     lp_norm_factor,
     mahalanobis_radius,
 )
+from ccu.methods.base import BaseMethod, Method, register_method
 from ccu.metric import Mahalanobis
 from ccu.model import CCU, ConstraintError, TheoremNotApplicable
 from ccu.nets import MLP, LeNet, make_classifier
@@ -51,6 +52,7 @@ __all__ = [
     "PROFILES",
     "AttackResult",
     "BallBounds",
+    "BaseMethod",
     "CertificateAttack",
     "CertificateCheck",
     "ConstraintError",
@@ -60,6 +62,7 @@ __all__ = [
     "GaussianMixture",
     "LeNet",
     "Mahalanobis",
+    "Method",
     "Profile",
     "TheoremNotApplicable",
     "Theorem1Terms",
@@ -87,6 +90,7 @@ __all__ = [
     "make_classifier",
     "nearest_training_point",
     "register_density",
+    "register_method",
     "sample_in_ball",
     "theorem1_distance",
     "theorem1_terms",

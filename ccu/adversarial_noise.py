@@ -199,6 +199,12 @@ def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, att
             prof.attack_restarts, seed, batch_size=attack_batch,
         )  # fmt: skip
         worst = res.score.detach().cpu().double().numpy()
+        bad = np.flatnonzero(~np.isfinite(worst))
+        if len(bad):  # index among all centres, as Figure 2 and radii.csv count them
+            which = torch.nonzero(ok).flatten()[torch.from_numpy(bad)].tolist()
+            store.check_scores(
+                name, f"the attacked points of centre(s) {', '.join(map(str, which[:10]))}", worst
+            )
         worst_x = res.x.detach().cpu().numpy()
         ratio = torch.where(radii > 0, res.distance.cpu() / radii.clamp_min(1e-300), 0.0)
         test_scores = run.scores["test"]

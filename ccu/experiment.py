@@ -199,6 +199,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
     with torch.random.fork_rng(devices=_cuda_devices(method)):
         torch.manual_seed(ood_seed)
         test = method.evaluate(data.test_x)
+    store.check_scores(method.name, f"the {data.name} test set", test["score"].numpy())
     scores = {
         "test": test["score"].numpy(),
         "test_confidence": test["confidence"].numpy(),
@@ -216,6 +217,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         with torch.random.fork_rng(devices=_cuda_devices(method)):
             torch.manual_seed(ood_seed)
             res = method.evaluate(x)
+        store.check_scores(method.name, f"the OOD set {name}", res["score"].numpy())
         scores[name] = res["score"].numpy()
         scores[f"{name}_confidence"] = res["confidence"].numpy()
         ood[name] = Metrics.ood_entry(

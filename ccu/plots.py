@@ -20,7 +20,6 @@ from ccu.bounds import confidence_bound
 #: distance after whitening with the in-distribution's (regularised) covariance
 DISTANCE_UNIT = "whitened units"
 #: methods whose score is not a log-confidence (Figure 2 shows their raw score)
-RAW_SCORE_METHODS = frozenset({"MCD", "Maha"})
 
 
 def set_style() -> None:
@@ -187,10 +186,19 @@ def _show_image(ax, img) -> None:
 
 
 def score_label(method: str, score: float) -> str:
-    """Figure 2's caption of a worst case: the confidence, or the raw score for MCD and Maha."""
-    if method in RAW_SCORE_METHODS:
-        return f"{method}\nscore {score:.3g}"
-    return f"{method}\nconf. {np.exp(score):.3f}"
+    """Figure 2's caption of a worst case: the confidence for a method whose score is a log
+    confidence, else the raw score (the method's :attr:`ccu.methods.Method.score_kind`; a
+    method not registered in this process, say a plug-in's, shows its raw score)."""
+    from ccu.methods import get_method
+    from ccu.methods.base import LOG_CONFIDENCE
+
+    try:
+        kind = get_method(method).score_kind
+    except (KeyError, ValueError):  # not registered here
+        kind = None
+    if kind == LOG_CONFIDENCE:
+        return f"{method}\nconf. {np.exp(score):.3f}"
+    return f"{method}\nscore {score:.3g}"
 
 
 def plot_worst_cases(rows: list[dict], methods=None):

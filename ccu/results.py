@@ -139,6 +139,29 @@ class CorruptResultError(ValueError):
     """A result file cannot be read or does not match the config that vouches for it."""
 
 
+class UnusableScoresError(CorruptResultError):
+    """A method produced NaN or infinite scores (a method's score must be finite): what was
+    produced is unusable (exit code 4). Nothing of that method is saved; the other methods'
+    finished results are kept. In a notebook its traceback is one ``[ccu] error:`` line."""
+
+    def _render_traceback_(self):  # IPython, papermill: the reader's line, not the call stack
+        return ["[ccu] error: " + " ".join(str(self).split())]
+
+
+def check_scores(method: str, where: str, scores) -> None:
+    """:class:`UnusableScoresError` naming ``method``, ``where`` the scores come from (a set,
+    "the attacked points of centres 3, 7") and how many are not finite."""
+    values = np.asarray(scores, dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise UnusableScoresError(
+            f"{method}: {int(bad.sum())} of {values.size} scores on {where} are NaN or infinite; "
+            "a method's score must be finite (higher = in-distribution). Fix its score and run "
+            "it again; the other methods' finished results are kept (leave it out with "
+            "--method to go on without it)."
+        )
+
+
 class ResultConflictError(ValueError):
     """The folder of a run holds a finished run of a different configuration."""
 

@@ -21,6 +21,7 @@ The reference copy is :func:`ccu.reference_results.write_reference`; where the f
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -410,7 +411,8 @@ def run_seed(
     try:
         data = load_data(spec)
         done, skipped = [], []
-        bar = tqdm(order, desc=f"{dataset} seed {seed}", disable=not progress)
+        quiet = not progress or os.environ.get("CCU_PROGRESS", "1") == "0"  # as the README says
+        bar = tqdm(order, desc=f"{dataset} seed {seed}", disable=quiet)
         for m in bar:
             late = times.call_seconds() > (budget_seconds or float("inf"))
             if m != "CCU" and late:  # CCU always runs: its balls define the attack

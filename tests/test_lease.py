@@ -266,3 +266,22 @@ def test_de_members_trained_in_lanes_at_once_give_the_sequential_run(tmp_path):
     assert again.returncode == 0 and "finished already" in again.stdout
     bad = subprocess.run([*cmd, "--member", "3"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "--member must be in 0..2" in bad.stderr
+
+
+def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
+    grid = list(lease.ALL)
+    for jobs in (1, 2, 4, 11, 20):
+        lanes = lease.lanes(grid, jobs)
+        flat = [m for lane in lanes for m in lane]
+        assert sorted(flat) == sorted(grid) and len(lanes) <= jobs
+        (home,) = [lane for lane in lanes if "Base" in lane]
+        assert home.index("Base") < home.index("ODIN") and home.index("Base") < home.index("Maha")
+    assert lease.lanes(["ODIN", "CCU"], 2) == [["CCU"], ["ODIN"]]  # no Base: on its own
+    four = lease.lanes(grid, 4)
+    work = [sum(lease.seconds(m) for m in lane) for lane in four]
+    assert max(work) <= 4 / 3 * sum(work) / 4 + max(map(lease.seconds, grid))  # LPT's bound
+    with pytest.raises(ValueError):
+        lease.lanes(grid, 0)
+    # what follows Base is read from the methods (needs_base), not from a list of names
+    assert [m for m in grid if lease.needs_base(m)] == ["ODIN", "Maha"]
+    assert not lease.needs_base("NotLoadedHere")

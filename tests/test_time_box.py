@@ -1,9 +1,8 @@
 """Runs that fit a lent GPU's calls: ``ccu run --stop-after`` stops at a safe point and the same
-command resumes to the same files; reduced paper profiles are named apart; the lanes of a lease
-(tools/device_lanes.py; the lease itself: tests/test_lease.py)."""
+command resumes to the same files; reduced paper profiles are named apart (a lease's lanes and
+parts: tests/test_lease.py)."""
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -12,10 +11,6 @@ from ccu import cli, config, steps
 from ccu import deadline as time_box
 from ccu import results as store
 from ccu.deadline import Deadline, StopForTime
-
-# the device scripts are not part of the package (they run on the device before it is installed)
-sys.path.insert(0, str(cli.REPO / "tools"))
-import device_lanes  # noqa: E402
 
 TINY = {"epochs": 2, "n_train": 400, "n_centres": 8, "attack_steps": 5, "attack_restarts": 1}
 PROF = config.get_profile("smoke", **TINY)  # smoke-e2-n400-centres8-steps5-restarts1
@@ -274,20 +269,3 @@ def test_a_reduced_paper_run_never_writes_where_paper_runs_do(tmp_path):
     t1 = json.loads((ref / label / "digits" / "table1.json").read_text())
     cfg = json.loads((ref / label / "digits" / "CCU.config.json").read_text())
     assert cfg["profile"]["name"] == label and cfg["profile"]["epochs"] == 1 and "commit" in t1
-
-
-# ----------------------------------------------------------------------------- lanes
-def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
-    grid = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU"]
-    for jobs in (1, 2, 4, 11, 20):
-        lanes = device_lanes.lanes(grid, jobs)
-        flat = [m for lane in lanes for m in lane]
-        assert sorted(flat) == sorted(grid) and len(lanes) <= jobs
-        (home,) = [lane for lane in lanes if "Base" in lane]
-        assert home.index("Base") < home.index("ODIN") and home.index("Base") < home.index("Maha")
-    assert device_lanes.lanes(["ODIN", "CCU"], 2) == [["CCU"], ["ODIN"]]  # no Base: on its own
-    four = device_lanes.lanes(grid, 4)
-    work = [sum(device_lanes.COST[m] for m in lane) for lane in four]
-    assert max(work) <= 4 / 3 * sum(work) / 4 + max(device_lanes.COST.values())  # LPT's bound
-    with pytest.raises(ValueError):
-        device_lanes.lanes(grid, 0)

@@ -58,9 +58,56 @@ COST_S = {
     "ACET": (3800, 15),
     "ACET2": (4400, 15),
 }
-#: methods built on Base's trained model: Base trains first in their lane (weights are not kept
-#: from one lease to the next)
-ON_BASE = {"ODIN", "Maha"}
+
+
+def needs_base(method: str) -> bool:
+    """Whether ``method`` is built on Base's trained model (its ``needs_base``: ODIN, Maha):
+    Base trains first in its lane (weights are not kept from one lease to the next)."""
+    from ccu.methods import get_method
+
+    try:
+        return bool(get_method(method).needs_base)
+    except ValueError:  # a plug-in's method not loaded here: on its own
+        return False
+
+
+def seconds(method: str) -> int:
+    """Device seconds of ``method`` alone (train and score, attack): :data:`COST_S`, else a
+    guess of ten minutes for a method never measured."""
+    return sum(COST_S.get(method, (600, 30)))
+
+
+def groups(methods: list[str]) -> list[list[str]]:
+    """Each method with the ones that must follow it in its lane (Base, then ODIN and Maha)."""
+    out: dict[str, list[str]] = {}
+    for m in methods:
+        head = "Base" if needs_base(m) and "Base" in methods else m
+        out.setdefault(head, [])
+        if m != head:
+            out[head].append(m)
+    return [[head, *tail] for head, tail in out.items()]
+
+
+def lanes(methods: list[str], jobs: int) -> list[list[str]]:
+    """``methods`` split into at most ``jobs`` lanes that run at once on one GPU: groups
+    (:func:`groups`) longest first, each to the lane with the least work so far (the LPT rule,
+    within 4/3 of the best split); within a lane the cheaper groups first, so that more
+    methods finish, and come back, in a call that ends early."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
+
+    def cost(group):
+        return sum(seconds(m) for m in group)
+
+    work = [0.0] * jobs
+    filled: list[list[list[str]]] = [[] for _ in range(jobs)]
+    for group in sorted(groups(methods), key=lambda g: -cost(g)):
+        k = min(range(jobs), key=lambda i: work[i])
+        filled[k].append(group)
+        work[k] += cost(group)
+    return [[m for g in sorted(lane, key=cost) for m in g] for lane in filled if lane]
+
+
 #: seconds of a lease spent outside the commands: the machine's start, and each call's transfers
 START_S, CALL_OVERHEAD_S = 120, 25
 #: seconds a call keeps after its hard limit: lanes stopped, the archive written, files sent
@@ -91,9 +138,9 @@ def units(todo: list[str]) -> list[tuple[list[str], int, int]]:
     """The methods to run as units of a lane: ``(methods, train seconds, attack seconds)``.
     ODIN and Maha go with Base (built on its trained model); without Base to run, they train it
     first all the same (weights are not kept from one lease to the next)."""
-    out, on_base = [], [m for m in todo if m in ON_BASE]
+    out, on_base = [], [m for m in todo if needs_base(m)]
     for m in todo:
-        if m in ON_BASE:
+        if needs_base(m):
             continue
         group = [m, *on_base] if m == "Base" else [m]
         if m == "Base":
@@ -415,6 +462,9 @@ def absorb_command(args) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("lanes", help="on the device: the lanes of a call, one line each")
+    p.add_argument("--jobs", type=int, required=True)
+    p.add_argument("--methods", nargs="+", required=True)
     for name in ("plan", "absorb"):
         p = sub.add_parser(name)
         if name == "absorb":
@@ -433,6 +483,10 @@ def main(argv=None) -> int:
     if getattr(args, "jobs", 1) < 1 or getattr(args, "budget_s", 1) < 0:
         print("[lease] error: --jobs must be >= 1 and --budget-s >= 0", file=sys.stderr)
         return 2
+    if args.command == "lanes":
+        for lane in lanes(args.methods, args.jobs):
+            print(" ".join(lane))
+        return 0
     return print_plan(args) if args.command == "plan" else absorb_command(args)
 
 

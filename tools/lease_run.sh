@@ -101,12 +101,12 @@ for m in "${methods[@]}"; do [ "$m" = CCU ] || others+=("$m"); done
   if [ "$with_ccu" = 1 ] && [ "$JOBS" -gt 1 ]; then
     echo CCU
     if [ ${#others[@]} -gt 0 ]; then
-      python3 tools/device_lanes.py --jobs $((JOBS - 1)) --methods "${others[@]}"
+      python3 tools/lease.py lanes --jobs $((JOBS - 1)) --methods "${others[@]}"
     fi
   elif [ "$with_ccu" = 1 ]; then
     echo "CCU ${others[*]+${others[*]}}"
   else
-    python3 tools/device_lanes.py --jobs "$JOBS" --methods "${others[@]}"
+    python3 tools/lease.py lanes --jobs "$JOBS" --methods "${others[@]}"
   fi
 } >"$lanes/lanes" || exit 2
 

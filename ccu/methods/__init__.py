@@ -33,9 +33,16 @@ def get_method(name: str) -> type[Method]:
 
 
 def unknown_method_hint(name: str) -> str:
-    """For an unknown ``CCU-<name>``: how to make its density family known ("" otherwise)."""
-    if not isinstance(name, str) or not name.startswith("CCU-") or len(name) == 4:
+    """How to make an unknown method known: for ``CCU-<name>`` its density family, for any
+    other name a plug-in's method (``--plugin``)."""
+    if not isinstance(name, str):
         return ""
+    if not name.startswith("CCU-") or len(name) == 4:
+        return (
+            f" If {name} is your own method, register it with @ccu.register_method in a module "
+            "and load that first: on the command line --plugin MODULE (a module name or a .py "
+            "file; the workflow's config key `plugins`)."
+        )
     return (
         f" {name} needs its density family registered in this process: decorate the class with "
         f"@ccu.register_density({name[4:]!r}) and run that cell or import that module first; "

@@ -14,6 +14,9 @@ from ccu.train import PRECISIONS, EpochCallback, History, Trainer
 
 #: every method by its name in the paper's tables, filled by :func:`register_method`
 METHODS: dict[str, type] = {}
+#: the kinds of score a method declares (:attr:`Method.score_kind`)
+LOG_CONFIDENCE, RAW_SCORE = "log_confidence", "raw_score"
+SCORE_KINDS = (LOG_CONFIDENCE, RAW_SCORE)
 
 #: :meth:`Method.evaluate`'s chunk on the CPU, and its cap on a GPU
 EVAL_BATCH_CPU = 1000
@@ -26,6 +29,11 @@ def register_method(cls):
     """Class decorator: make a :class:`Method` available under ``cls.name``."""
     if not (isinstance(cls, type) and issubclass(cls, Method)) or cls.name in ("", "?"):
         raise TypeError(f"register_method needs a Method subclass with a name; got {cls!r}.")
+    if cls.score_kind not in SCORE_KINDS:
+        raise TypeError(
+            f"{cls.__name__}.score_kind is {cls.score_kind!r}; declare one of {SCORE_KINDS} (is "
+            "score the log of a probability, or another real number?)."
+        )
     METHODS[cls.name] = cls
     return cls
 
@@ -42,7 +50,13 @@ class Method:
     """
 
     name = "?"
-    needs_base = False  # True: built from a trained Base (ODIN, Maha) with build_from_base()
+    #: True: built from a trained Base (ODIN, Maha): the run trains (or loads) Base first and
+    #: calls ``build_from_base(base, data)`` instead of :meth:`build`
+    needs_base = False
+    #: what :meth:`score` is: :data:`LOG_CONFIDENCE` (the log of a probability, at most 0:
+    #: figures show ``exp(score)`` as a confidence) or :data:`RAW_SCORE` (any other real
+    #: number, shown as it is: MCD's minus variance, Maha's minus distance)
+    score_kind = "log_confidence"
     paper_network: str | None = None  # the paper's network for this method (MCD, GAN: VGG13)
 
     #: trains with :class:`ccu.Trainer`, so ``precision``, ``channels_last`` and ``compile`` apply

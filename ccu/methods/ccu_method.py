@@ -66,8 +66,12 @@ class CCUMethod(BaseMethod):
         fam = get_density_family(family)
         if fam.family == cls.density:
             return cls
+        first = " ".join((fam.__doc__ or "").strip().split("\n\n")[0].split())
+        doc = f"CCU with the {fam.family!r} density family" + (f": {first}" if first else ".")
         return type(
-            f"CCU_{fam.family}", (cls,), {"name": f"CCU-{fam.family}", "density": fam.family}
+            f"CCU_{fam.family}",
+            (cls,),
+            {"name": f"CCU-{fam.family}", "density": fam.family, "__doc__": doc},
         )
 
     def build(self, data) -> None:

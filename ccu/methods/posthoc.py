@@ -11,7 +11,7 @@ import copy
 import torch
 
 from ccu.evaluate import auroc
-from ccu.methods.base import BaseMethod, register_method
+from ccu.methods.base import RAW_SCORE, BaseMethod, register_method
 from ccu.records import AUROC
 from ccu.train import History
 
@@ -138,6 +138,7 @@ class MahaMethod(_PostHoc):
     """
 
     name = "Maha"
+    score_kind = RAW_SCORE  # minus a squared distance
     eps = 0.0
 
     def build_from_base(self, base, data) -> None:

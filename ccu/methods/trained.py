@@ -15,7 +15,7 @@ from torch import nn
 
 from ccu.data.images import uniform_noise
 from ccu.losses import uniform_cross_entropy
-from ccu.methods.base import BaseMethod, register_method
+from ccu.methods.base import RAW_SCORE, BaseMethod, register_method
 from ccu.train import History, Objective
 
 
@@ -147,6 +147,7 @@ class MCDMethod(BaseMethod):
     """
 
     name = "MCD"
+    score_kind = RAW_SCORE  # minus a variance
     passes = 7
     paper_network = "vgg13"
     dropout = 0.5

@@ -1,0 +1,106 @@
+"""What a method declares and what it must produce: the kind of its score (Figure 2 labels it
+from there, no list of names), finite scores (a NaN is one line naming the method and where,
+exit code 4, the other methods' results kept)."""
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from ccu import cli, plots
+from ccu import results as store
+from ccu.adversarial_noise import attack_in_balls, ensure_balls
+from ccu.config import get_profile
+from ccu.experiment import run_data, run_method
+from ccu.methods.base import METHODS, RAW_SCORE, BaseMethod, register_method
+
+TINY = {"epochs": 1, "n_train": 200, "n_centres": 4, "attack_steps": 2, "attack_restarts": 1}
+
+PLUGIN = textwrap.dedent(
+    """
+    import torch
+    import ccu
+    from ccu.methods.base import BaseMethod, register_method
+
+    @register_method
+    class NaNScore(BaseMethod):
+        "Base whose scores are NaN (a broken plug-in)."
+        name = "NaNScore"
+
+        def log_probs(self, x):
+            return super().log_probs(x) * float("nan")
+    """
+)
+
+
+def test_figure2_labels_a_score_by_the_kind_its_method_declares():
+    assert plots.score_label("Base", np.log(0.9)) == "Base\nconf. 0.900"
+    assert plots.score_label("Maha", -12.5) == "Maha\nscore -12.5"
+    assert plots.score_label("CCU-diag", np.log(0.5)) == "CCU-diag\nconf. 0.500"
+
+    class Energy(BaseMethod):
+        name = "EnergyKindTest"
+        score_kind = RAW_SCORE
+
+    register_method(Energy)
+    try:  # a plug-in's raw score is no confidence: never exp() of it
+        assert plots.score_label("EnergyKindTest", 23.9) == "EnergyKindTest\nscore 23.9"
+    finally:
+        METHODS.pop("EnergyKindTest")
+    assert plots.score_label("NotLoadedHere", 23.9) == "NotLoadedHere\nscore 23.9"
+
+    class Vague(BaseMethod):
+        name = "VagueKindTest"
+        score_kind = "energy"
+
+    with pytest.raises(TypeError, match="score_kind"):
+        register_method(Vague)
+    assert "VagueKindTest" not in METHODS
+
+
+def test_nan_scores_are_one_line_with_exit_code_4_and_nothing_saved(tmp_path, capsys):
+    plugin = tmp_path / "nanplug.py"
+    plugin.write_text(PLUGIN)
+    common = ["--dataset", "digits", "--results", str(tmp_path / "res"), "--device", "cpu",
+              "--no-progress", "--overrides", json.dumps(TINY), "--plugin", str(plugin)]  # fmt: skip
+    assert cli.main(["train", "--method", "Base", *common]) == cli.EXIT_OK
+    capsys.readouterr()
+    try:
+        assert cli.main(["train", "--method", "NaNScore", *common]) == cli.EXIT_CORRUPT
+    finally:
+        METHODS.pop("NaNScore", None)
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("[ccu] error:")]
+    assert errors == err[-1:] and "Traceback" not in "\n".join(err)
+    assert errors[0].startswith("[ccu] error: NaNScore: ")
+    assert "scores on the digits test set are NaN or infinite" in errors[0]
+    label = get_profile("smoke", "digits", **TINY).training_label
+    seed = tmp_path / "res" / label / "digits" / "seed0"
+    assert not (seed / "NaNScore" / "config.json").exists()  # nothing of it saved
+    assert (seed / "Base" / "config.json").exists()  # the others' results kept
+    # in a notebook: one line, not the call stack
+    exc = store.UnusableScoresError("Energy: 3 of 9 scores on the OOD set Uniform are NaN")
+    assert exc._render_traceback_() == ["[ccu] error: Energy: 3 of 9 scores on the OOD set Uniform are NaN"]  # fmt: skip
+
+
+def test_a_nan_only_at_attacked_points_names_the_centres(tmp_path, monkeypatch):
+    prof = get_profile("smoke", "digits", **TINY)
+    data = run_data("digits", prof)
+    ccu_run = run_method("digits", "CCU", prof, data=data, root=tmp_path)
+    base = run_method("digits", "Base", prof, data=data, root=tmp_path)
+    directory = store.adversarial_dir(prof, "digits", tmp_path)
+    balls = ensure_balls("CCU", ccu_run, data, prof, 0, 1.1, directory)
+    assert int(balls.ok.sum()) == 4
+    score = base.method.score
+
+    def nan_at_centre_2(x):
+        s = score(x)
+        near = (x.flatten(1) - balls.centres[2].flatten()).abs().amax(1) < 0.5
+        return torch.where(near, torch.full_like(s, float("nan")), s)
+
+    monkeypatch.setattr(base.method, "score", nan_at_centre_2)
+    with pytest.raises(store.UnusableScoresError, match=r"attacked points of centre\(s\) 2"):
+        attack_in_balls("Base", base, balls, prof, 0, directory)
+    assert not store.attack_files(directory, "Base")[0].exists()
