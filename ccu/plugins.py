@@ -82,3 +82,38 @@ def load_plugins(specs) -> list[ModuleType]:
     if isinstance(specs, str):
         specs = [specs]
     return [load_plugin(s) for s in specs]
+
+
+def code_identity(classes) -> list[dict] | None:
+    """What identifies the code of a run's classes that live outside the ``ccu`` package (a
+    plug-in's method, a user's density family): per class its name, the file it came from (its
+    name, no machine path) and the sha256 of that file's source (of the class's own source when
+    it was defined in a notebook cell). None when every class is the library's own (its
+    version identifies it). A run records this in its config (:data:`ccu.results.PLUGIN_CODE`),
+    so a run of edited plug-in code never reuses results of other code."""
+    import hashlib
+    import inspect
+
+    out = []
+    for cls in classes:
+        module = getattr(cls, "__module__", "") or ""
+        if module == "ccu" or module.startswith("ccu."):
+            continue
+        try:
+            path = inspect.getsourcefile(cls)
+            source = Path(path).read_bytes() if path and Path(path).is_file() else None
+        except (TypeError, OSError):
+            path, source = None, None
+        if source is None:  # a notebook cell: the class's own source
+            try:
+                source = inspect.getsource(cls).encode()
+            except (TypeError, OSError):
+                source = repr(sorted(vars(cls))).encode()  # at least its attributes' names
+        out.append(
+            {
+                "class": cls.__qualname__,
+                "file": Path(path).name if path else module,
+                "sha256": hashlib.sha256(source).hexdigest(),
+            }
+        )
+    return out or None

@@ -226,6 +226,11 @@ class RunSpec:
                 trainer_options=method.trainer_options,
                 **method.extra_config(),
             )
+            from ccu.plugins import code_identity
+
+            code = code_identity(method.code_classes())
+            if code is not None:  # a plug-in's code is part of its run's identity
+                out["plugin_code"] = code
         return out
 
     def key(self, data: Dataset, method=None) -> str:

@@ -93,6 +93,9 @@ RESULT_COMPATIBLE_VERSIONS = {
 }
 #: the value a key has in configs written before it existed
 CONFIG_DEFAULTS = {"precision": "float32"}
+#: a plug-in's run (a method or density family defined outside ``ccu``): its code's identity
+#: (:func:`ccu.plugins.code_identity`), part of the run's key; absent from built-in runs
+PLUGIN_CODE = "plugin_code"
 #: the field of config.json that holds the sha256 of the rest of it
 CONFIG_CHECKSUM = "config_sha256"
 
@@ -329,6 +332,8 @@ def training_profile(profile: dict | None) -> dict:
 def _key_fields(config: dict) -> dict:
     fields = {k: config.get(k, CONFIG_DEFAULTS.get(k)) for k in CONFIG_KEYS}
     fields["profile"] = training_profile(fields["profile"])
+    if config.get(PLUGIN_CODE) is not None:  # only plug-ins' runs: built-in keys unchanged
+        fields[PLUGIN_CODE] = config[PLUGIN_CODE]
     return fields
 
 
@@ -349,13 +354,24 @@ def same_config(a: dict, b: dict, keys=CONFIG_KEYS) -> bool:
     return all(fa[k] == fb[k] for k in keys)
 
 
+def _code_names(code) -> str:
+    if not code:
+        return "none"
+    return ", ".join(f"{c['class']} in {c['file']} sha256 {c['sha256'][:12]}" for c in code)
+
+
 def config_differences(saved: dict, wanted: dict) -> list[str]:
     """What differs between two configs' keys, e.g. ``["precision: bf16 here, float32 asked"]``."""
     # as JSON holds them (a tuple asked is the list saved)
     a, b = (json.loads(json.dumps(_key_fields(c), default=str)) for c in (saved, wanted))
     out = []
-    for k in CONFIG_KEYS:
-        if a[k] == b[k]:
+    for k in (*CONFIG_KEYS, PLUGIN_CODE):
+        if a.get(k) == b.get(k):
+            continue
+        if k == PLUGIN_CODE:
+            out.append(
+                f"the plug-in code ({_code_names(a.get(k))} here, {_code_names(b.get(k))} asked)"
+            )
             continue
         if isinstance(a[k], dict) and isinstance(b[k], dict):
             keys = [f for f in sorted(set(a[k]) | set(b[k])) if a[k].get(f) != b[k].get(f)]

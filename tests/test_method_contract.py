@@ -3,6 +3,9 @@ from there, no list of names), finite scores (a NaN is one line naming the metho
 exit code 4, the other methods' results kept)."""
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -104,3 +107,60 @@ def test_a_nan_only_at_attacked_points_names_the_centres(tmp_path, monkeypatch):
     with pytest.raises(store.UnusableScoresError, match=r"attacked points of centre\(s\) 2"):
         attack_in_balls("Base", base, balls, prof, 0, directory)
     assert not store.attack_files(directory, "Base")[0].exists()
+
+
+ENERGY = textwrap.dedent(
+    """
+    import torch
+    import ccu
+
+    @ccu.register_method
+    class EnergyTest(ccu.BaseMethod):
+        "The energy score (Liu et al. 2020) of a Base-like classifier, at temperature T."
+        name = "EnergyTest"
+        score_kind = "raw_score"
+        T = {T}
+
+        def score(self, x):
+            return self.T * torch.logsumexp(self._require_model()(x) / self.T, 1)
+    """
+)
+
+
+def test_a_plugins_code_is_part_of_its_runs_identity(tmp_path):
+    """The run of a plug-in's method records its source's sha256: the same command after the
+    plug-in was edited stops with one line naming the change (it never reuses results of other
+    code), and in another results folder trains with the new code. Built-in runs record none."""
+    plugin = tmp_path / "energy.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
+
+    def train(results, *extra):
+        cmd = [sys.executable, "-m", "ccu", "train", "--dataset", "digits", "--device", "cpu",
+               "--overrides", json.dumps(TINY), "--results", str(tmp_path / results), *extra]  # fmt: skip
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+    plugin.write_text(ENERGY.format(T=1.0))
+    first = train("a", "--method", "EnergyTest", "--plugin", str(plugin))
+    assert first.returncode == 0, first.stderr
+    label = get_profile("smoke", "digits", **TINY).training_label
+    run = tmp_path / "a" / label / "digits" / "seed0" / "EnergyTest"
+    (code,) = json.loads((run / "config.json").read_text())["plugin_code"]
+    assert code["class"] == "EnergyTest" and code["file"] == "energy.py"
+    assert "/" not in code["file"] and len(code["sha256"]) == 64
+    scores = (run / "scores.npz").read_bytes()
+    assert train("a", "--method", "EnergyTest", "--plugin", str(plugin)).returncode == 0
+    plugin.write_text(ENERGY.format(T=1000.0))  # the user edits the plug-in
+    again = train("a", "--method", "EnergyTest", "--plugin", str(plugin))
+    assert again.returncode == cli.EXIT_USAGE
+    last = again.stderr.strip().splitlines()[-1]
+    assert last.startswith("[ccu] error: ") and "the plug-in code (EnergyTest in energy.py" in last
+    assert (run / "scores.npz").read_bytes() == scores  # kept
+    fresh = train("b", "--method", "EnergyTest", "--plugin", str(plugin))
+    assert fresh.returncode == 0, fresh.stderr
+    other = tmp_path / "b" / label / "digits" / "seed0" / "EnergyTest" / "scores.npz"
+    assert other.read_bytes() != scores  # T = 1000: other scores
+    assert train("a", "--method", "Base").returncode == 0
+    base = json.loads(
+        (tmp_path / "a" / label / "digits" / "seed0" / "Base" / "config.json").read_text()
+    )
+    assert "plugin_code" not in base

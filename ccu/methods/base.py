@@ -126,6 +126,12 @@ class Method:
         """Method-specific fields recorded in the run's config (e.g. CCU's density family)."""
         return {}
 
+    def code_classes(self) -> list[type]:
+        """The classes whose code makes this method's results: its own class (and, for CCU,
+        its density family). Those outside the library identify its runs by their source
+        (:func:`ccu.plugins.code_identity`)."""
+        return [type(self)]
+
     def certifier(self):
         """A :class:`ccu.CCU` whose Corollary 1 certifies this method's confidences, or None.
 

@@ -181,5 +181,8 @@ class CCUMethod(BaseMethod):
     def extra_config(self) -> dict:
         return {"density_family": self.density}
 
+    def code_classes(self) -> list[type]:
+        return [type(self), get_density_family(self.density)]
+
     def certifier(self) -> CCU:
         return self._require_model()
