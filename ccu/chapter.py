@@ -75,6 +75,7 @@ def setup_chapter(
     overrides: dict | str | None = None,
     methods: list[str] | str | None = None,
     verbose: bool = True,
+    plugins: list[str] | str | None = None,
 ) -> ChapterSetup:
     """Validate a chapter's parameters, load its data and set the book's figure style.
 
@@ -82,11 +83,17 @@ def setup_chapter(
     passes a string). A wrong parameter (unknown profile, profile field, method or dataset, a
     value of the wrong type) raises a ``ValueError`` that says what is wrong and lists the valid
     names; in a notebook its traceback is that one line (``[ccu] error: ...``), as is that of
-    missing or corrupt data. Returns the dataset (capped at the profile's ``n_train``), the
+    missing or corrupt data. ``plugins`` (modules or ``.py`` files, relative to the chapter's
+    folder; JSON text from papermill) are imported first, so that their methods
+    (``@ccu.register_method``) and density families (``CCU-<name>``) may be named in
+    ``methods``; one that cannot be imported is that one line too. Returns the dataset (capped at the profile's ``n_train``), the
     profile with ``overrides`` applied, the dataset's training settings and ``methods`` in the
     paper's order.
     """
     try:
+        from ccu.plugins import load_plugins
+
+        load_plugins(_from_json("plugins", plugins, list, '["plugins/energy.py"]'))
         prof, chosen = _check_parameters(dataset, profile, seed, device, overrides, methods)
         use_book_style()
         data = run_data(dataset, prof, seed)

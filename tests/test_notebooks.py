@@ -120,6 +120,13 @@ def test_the_readme_papermill_lines_run_as_printed(line, before, tmp_path):
     args = shlex.split(line)
     nb = json.loads((tmp_path / args[4]).read_text())
     said = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+    if "-p plugins" in line:  # the plug-in's method trained beside the paper's, its code recorded
+        (runs,) = (tmp_path / "results").glob("smoke*/digits/seed0")
+        trained = sorted(p.parent.name for p in runs.glob("*/config.json"))
+        assert trained == ["Base", "CCU", "Energy"]
+        (code,) = json.loads((runs / "Energy" / "config.json").read_text())["plugin_code"]
+        assert code["class"] == "Energy" and code["file"] == "energy.py"
+        return
     epochs = re.search(r"epochs\W+(\d+)", line).group(1)
     # the profile is named after its overrides (e.g. smoke-e5-n500)
     assert re.search(rf"profile smoke[-\w]*: {epochs} epochs?\b", said), said[-500:]
