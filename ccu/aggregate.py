@@ -98,7 +98,11 @@ def collect(profile, dataset: str, root=None, seeds=None, methods=None) -> SeedR
             runs.metrics[seed] = per
         t1 = store.adversarial_dir(profile, dataset, root, seed) / store.TABLE1
         if t1.exists():
-            runs.table1[seed] = store.read_json(t1)
+            table1 = store.read_json(t1)
+            if methods is not None:  # the methods asked for, in Table 1 as in the others
+                rows = table1.get(METHODS, {})
+                table1 = dict(table1, **{METHODS: {m: r for m, r in rows.items() if m in methods}})
+            runs.table1[seed] = table1
         if seed not in runs.metrics and seed not in runs.table1 and seeds is not None:
             raise NoResultsError(
                 f"no results of {dataset} for seed {seed} (profile {label}) under {sd}."
@@ -271,11 +275,17 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 def write_tables(profile, dataset: str, root=None, seeds=None, out=None, methods=None):
     """Write every table of :func:`build_tables` to ``out`` (default
-    :func:`ccu.results.tables_dir`): ``<name>.csv`` (numbers) and ``tables.md`` (display).
-    Returns ``(written paths, tables)``."""
+    :func:`ccu.results.tables_dir`; for a subset of ``methods`` its folder
+    ``methods-<m1>-<m2>...`` there, so the tables of every method are never overwritten by a
+    subset's): ``<name>.csv`` (numbers) and ``tables.md`` (display). Returns
+    ``(written paths, tables)``."""
     runs = collect(profile, dataset, root, seeds, methods)
     tables = build_tables(profile, dataset, runs=runs)
-    out = Path(out) if out is not None else store.tables_dir(profile, dataset, root)
+    if out is None:
+        out = store.tables_dir(profile, dataset, root)
+        if methods:  # a subset: a folder of its own, never over (or mixed with) every method's
+            out = out / ("methods-" + "-".join(ordered(methods)))
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seeds_used = runs.seeds
     written = []

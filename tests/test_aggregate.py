@@ -90,3 +90,23 @@ def test_seed_directories_are_side_by_side(tmp_path):
     assert store.adversarial_dir("smoke", "digits", tmp_path, 2).parent.name == "seed2"
     with pytest.raises(ValueError, match="non-negative integer"):
         store.seed_dir("smoke", "digits", -1, tmp_path)
+
+
+def test_tables_of_a_subset_never_overwrite_or_mix_with_every_methods(tmp_path, capsys):
+    import json
+
+    from ccu import cli
+
+    tiny = {"epochs": 1, "n_train": 200, "n_centres": 4, "attack_steps": 2, "attack_restarts": 1}
+    common = ["--dataset", "digits", "--results", str(tmp_path), "--device", "cpu",
+              "--no-progress", "--overrides", json.dumps(tiny)]  # fmt: skip
+    assert cli.main(["attack", *common, "--method", "Base", "CCU"]) == cli.EXIT_OK
+    assert cli.main(["tables", *common]) == cli.EXIT_OK
+    tables = next(tmp_path.glob("*/digits/tables"))
+    every = {p.name: p.read_bytes() for p in tables.glob("*.csv")}
+    assert cli.main(["tables", *common, "--method", "Base"]) == cli.EXIT_OK
+    assert {p.name: p.read_bytes() for p in tables.glob("*.csv")} == every  # untouched
+    subset = tables / "methods-Base"
+    for name in ("table1.csv", "table2_auroc.csv"):
+        text = (subset / name).read_text()
+        assert "Base" in text and "CCU" not in text, name  # Table 1 like the others: Base only

@@ -14,7 +14,8 @@ from ccu import results as store
 from ccu.config import get_profile
 from ccu.methods import METHOD_ORDER
 
-SUBCOMMANDS = ("datasets", "methods", "train", "evaluate", "attack", "tables", "reference", "run")
+SUBCOMMANDS = ("datasets", "methods", "train", "evaluate", "attack", "balls", "part", "tables",
+               "reference", "run")  # fmt: skip
 # small enough for seconds on one core, big enough to certify some noise points
 TINY = {"epochs": 2, "n_train": 400, "n_centres": 8, "attack_steps": 5, "attack_restarts": 1}
 PROF = get_profile(
@@ -41,7 +42,7 @@ def test_every_subcommand_has_help(command, capsys):
     if command not in ("datasets", "methods"):
         for flag in ("--dataset", "--profile", "--device", "--overrides", "--results"):
             assert flag in out, (command, flag)
-    if command in ("train", "evaluate", "attack", "run", "tables", "reference"):
+    if command in ("train", "evaluate", "attack", "balls", "part", "run", "tables", "reference"):
         assert "--seed" in out and "--method" in out
     if command == "run":
         assert "--budget-seconds" in out
