@@ -35,9 +35,6 @@ from ccu.records import (
     BALLS_FROM,
     BOUND_VIOLATIONS,
     CCU_BOUND_VIOLATIONS,
-    CCU_MAX_CONFIDENCE_FLOAT64,
-    CCU_MAX_FLOAT32_DEVIATION,
-    CCU_POINTS_OUTSIDE_BALLS,
     CERTIFICATE,
     MAX_BOUND_OVER_BALLS,
     MAX_CONFIDENCE_FLOAT64,
@@ -57,6 +54,7 @@ from ccu.records import (
     SR,
     TE,
     Metrics,
+    ball_certificate_summary,
 )
 from ccu.results import CorruptResultError
 
@@ -385,12 +383,7 @@ def assemble(balls: Balls, rows: dict, worst_x: dict, worst_score: dict) -> Adve
     ball_method = balls.summary[BALLS_FROM]
     if ball_method not in rows:
         raise ValueError(f"Table 1 needs the attack on {ball_method}, whose balls it attacks.")
-    summary = dict(balls.summary)
-    own = rows[ball_method][CERTIFICATE]
-    summary[CCU_BOUND_VIOLATIONS] = own[BOUND_VIOLATIONS]
-    summary[CCU_POINTS_OUTSIDE_BALLS] = own[POINTS_OUTSIDE_BALLS]
-    summary[CCU_MAX_CONFIDENCE_FLOAT64] = own[MAX_CONFIDENCE_FLOAT64]
-    summary[CCU_MAX_FLOAT32_DEVIATION] = own[MAX_FLOAT32_DEVIATION]
+    summary = dict(balls.summary, **ball_certificate_summary(rows[ball_method][CERTIFICATE]))
     summary[METHODS] = rows
     return AdversarialResult(
         summary, balls.centres.numpy(), balls.radii.numpy(), balls.bound.numpy(), worst_x,

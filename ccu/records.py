@@ -251,6 +251,18 @@ class RunSpec:
         }
 
 
+def ball_certificate_summary(certificate: dict) -> dict:
+    """The ball method's certificate (its row's :data:`CERTIFICATE`) as ``table1.json`` repeats
+    it in the summary: ``ccu_bound_violations``, ``ccu_points_outside_balls``, ... (one place for
+    Table 1 of a run and Table 1 assembled from parts)."""
+    return {
+        CCU_BOUND_VIOLATIONS: certificate[BOUND_VIOLATIONS],
+        CCU_POINTS_OUTSIDE_BALLS: certificate[POINTS_OUTSIDE_BALLS],
+        CCU_MAX_CONFIDENCE_FLOAT64: certificate[MAX_CONFIDENCE_FLOAT64],
+        CCU_MAX_FLOAT32_DEVIATION: certificate[MAX_FLOAT32_DEVIATION],
+    }
+
+
 @dataclass(frozen=True)
 class AttackSummary:
     """The headline of the adversarial-noise experiment (``table1.json``; Table 1 of the paper):

@@ -336,17 +336,10 @@ def assemble_reference(directory: Path) -> dict | None:
         BALL_RUN_FILES,
         BALLS_ARRAYS_SHA256,
         BALLS_KEY,
-        BOUND_VIOLATIONS,
-        CCU_BOUND_VIOLATIONS,
-        CCU_MAX_CONFIDENCE_FLOAT64,
-        CCU_MAX_FLOAT32_DEVIATION,
-        CCU_POINTS_OUTSIDE_BALLS,
         CERTIFICATE,
-        MAX_CONFIDENCE_FLOAT64,
-        MAX_FLOAT32_DEVIATION,
         METHODS,
         N_CENTRES,
-        POINTS_OUTSIDE_BALLS,
+        ball_certificate_summary,
     )
 
     d = Path(directory)
@@ -371,11 +364,7 @@ def assemble_reference(directory: Path) -> dict | None:
     ball_method = table1[BALLS_FROM]
     if ball_method not in parts:  # its certificate is part of Table 1: no table without it
         return None
-    own = parts[ball_method][PART_ROW][CERTIFICATE]
-    table1[CCU_BOUND_VIOLATIONS] = own[BOUND_VIOLATIONS]
-    table1[CCU_POINTS_OUTSIDE_BALLS] = own[POINTS_OUTSIDE_BALLS]
-    table1[CCU_MAX_CONFIDENCE_FLOAT64] = own[MAX_CONFIDENCE_FLOAT64]
-    table1[CCU_MAX_FLOAT32_DEVIATION] = own[MAX_FLOAT32_DEVIATION]
+    table1.update(ball_certificate_summary(parts[ball_method][PART_ROW][CERTIFICATE]))
     table1[METHODS] = {n: parts[n][PART_ROW] for n in names}
     prov = {n: parts[n][PART_PROVENANCE] for n in names}
 
