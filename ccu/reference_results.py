@@ -16,7 +16,7 @@ Per dataset folder::
     comparison.csv             the density comparison (``densities/<profile>/<dataset>/`` only)
 
 A run on a lent GPU commits one method at a time, as it finishes, as a *part* (``ccu part``,
-:func:`write_part`; no weights): besides the method's config and metrics (and guarantees),
+:func:`write_part`; no weights): besides the method's config and metrics (and guarantees)::
 
     <method>.attack.json       its row of Table 1 (its attack in the saved balls), the balls'
                                key, and its provenance (commit, device, torch, seconds)
