@@ -219,3 +219,21 @@ def test_a_chapter_on_a_resnet18_dataset_with_the_scaled_smoke(
     assert metrics["n_test"] == prof.n_test
     if chapter == "adversarial_noise":
         assert _glued(nb)["adv_ccu_bound_violations"] == "0"
+
+
+@pytest.mark.notebooks
+def test_a_plugin_with_nan_scores_stops_the_chapter_with_one_line(tmp_path, monkeypatch):
+    """A plug-in method whose scores are NaN: the training cell's traceback is one
+    ``[ccu] error:`` line naming the method and the set, not the library's call stack."""
+    plugin = tmp_path / "nanplug.py"
+    plugin.write_text(
+        "import ccu\n\n\n@ccu.register_method\nclass NaNChapter(ccu.BaseMethod):\n"
+        '    name = "NaNChapter"\n\n    def log_probs(self, x):\n'
+        '        return super().log_probs(x) * float("nan")\n'
+    )
+    monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
+    with pytest.raises(papermill.PapermillExecutionError, match="NaNChapter") as exc:
+        _run(tmp_path, "ood_detection", plugins=[str(plugin)], methods=["NaNChapter"],
+             overrides={"epochs": 1, "n_train": 200})  # fmt: skip
+    assert exc.value.traceback == [f"[ccu] error: {exc.value.evalue}"]
+    assert "NaNChapter: " in exc.value.evalue and "digits test set" in exc.value.evalue
