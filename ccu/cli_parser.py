@@ -83,8 +83,9 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
         default=[],
         metavar="MODULE",
         help="import MODULE first (repeatable): a module name importable from the current "
-        "directory or PYTHONPATH, or a .py file, whose @ccu.register_density families then "
-        "train as CCU-<family>",
+        "directory or PYTHONPATH, or a .py file, whose @ccu.register_method methods (e.g. "
+        "book/plugins/energy.py) and @ccu.register_density families (trained as "
+        "CCU-<family>) may then be named with --method",
     )
 
     def one(p, flag, kind, valid, many=False):
