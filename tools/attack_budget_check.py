@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     from ccu.adversarial_noise import attack_method, ensure_balls
     from ccu.config import get_profile
     from ccu.experiment import run_data, run_method
+    from ccu.records import AUC, SR
     from ccu.reference_results import current_commit
 
     prof = get_profile(args.profile, args.dataset)
@@ -109,8 +110,8 @@ def main(argv=None) -> int:
                                  restarts, seed=0)  # fmt: skip
         worst = res.score.detach().cpu().double().numpy()
         out["budgets"][f"{restarts}x{steps}"] = {
-            "SR": ev.success_rate(worst, test),
-            "AUC": ev.strict_auc(test, worst),
+            SR: ev.success_rate(worst, test),
+            AUC: ev.strict_auc(test, worst),
             "max_worst_score": float(worst.max()),
             "median_worst_score": float(np.median(worst)),
             "centres_won_by_surrogate": won,
