@@ -93,8 +93,8 @@ def main(argv=None) -> int:
             "q01_score": float(np.quantile(test, 0.01)),
         },  # fmt: skip
         "centres_unattacked": {
-            "SR": ev.success_rate(own, test),
-            "AUC": ev.strict_auc(test, own),
+            SR: ev.success_rate(own, test),
+            AUC: ev.strict_auc(test, own),
             "max_score": float(own.max()),
         },  # fmt: skip
         "budgets": {},
