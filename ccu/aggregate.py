@@ -275,16 +275,18 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 def write_tables(profile, dataset: str, root=None, seeds=None, out=None, methods=None):
     """Write every table of :func:`build_tables` to ``out`` (default
-    :func:`ccu.results.tables_dir`; for a subset of ``methods`` its folder
-    ``methods-<m1>-<m2>...`` there, so the tables of every method are never overwritten by a
-    subset's): ``<name>.csv`` (numbers) and ``tables.md`` (display). Returns
+    :func:`ccu.results.tables_dir`; for ``methods`` that are a subset of the trained ones
+    its folder ``methods-<m1>-<m2>...`` there, so the tables of every method are never
+    overwritten by a subset's): ``<name>.csv`` (numbers) and ``tables.md`` (display). Returns
     ``(written paths, tables)``."""
     runs = collect(profile, dataset, root, seeds, methods)
     tables = build_tables(profile, dataset, runs=runs)
     if out is None:
         out = store.tables_dir(profile, dataset, root)
-        if methods:  # a subset: a folder of its own, never over (or mixed with) every method's
-            out = out / ("methods-" + "-".join(ordered(methods)))
+        every = collect(profile, dataset, root, seeds) if methods else runs
+        found = {m for per in every.metrics.values() for m in per}
+        if methods and set(methods) != found:  # a subset: a folder of its own, never over
+            out = out / ("methods-" + "-".join(ordered(methods)))  # (or mixed with) every one's
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seeds_used = runs.seeds

@@ -104,6 +104,9 @@ def test_tables_of_a_subset_never_overwrite_or_mix_with_every_methods(tmp_path, 
     assert cli.main(["tables", *common]) == cli.EXIT_OK
     tables = next(tmp_path.glob("*/digits/tables"))
     every = {p.name: p.read_bytes() for p in tables.glob("*.csv")}
+    assert cli.main(["tables", *common, "--method", "CCU", "Base"]) == cli.EXIT_OK  # every one
+    assert {p.name: p.read_bytes() for p in tables.glob("*.csv")} == every
+    assert not any(p.is_dir() for p in tables.iterdir())
     assert cli.main(["tables", *common, "--method", "Base"]) == cli.EXIT_OK
     assert {p.name: p.read_bytes() for p in tables.glob("*.csv")} == every  # untouched
     subset = tables / "methods-Base"

@@ -73,7 +73,7 @@ def test_expected_figures_come_from_the_chapter_source():
     assert check_book.expected_figures(ROOT / "book" / "field_terms.ipynb") == 1
     assert check_book.expected_figures(ROOT / "book" / "intro.md") == 0
     pages = check_book.pages_of_book(ROOT / "_build" / "html")
-    assert len(pages) == 11 and all(src.exists() for src in pages.values())
+    assert len(pages) == 12 and all(src.exists() for src in pages.values())
 
 
 # ----------------------------------------------------------------------------- in Chromium
