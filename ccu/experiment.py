@@ -132,6 +132,7 @@ def run_method(
         files.check_no_other_run(config)  # a finished different run is never replaced
         files.start_training(config)
         start = time.perf_counter()
+        on_epoch_end = _epoch_log(f"{method} on {dataset}", start, on_epoch_end)
         if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
             base = run_method(
                 dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed,
@@ -140,6 +141,11 @@ def run_method(
             m.build_from_base(base.method, data)
         elif not m.build_for_resume(files.checkpoint):  # resuming: no refit of what it will load
             m.build(data)
+            # what the lease planner needs apart from the epochs (CCU: metric and EM fits), and
+            # where CCU's fit came from (fitted, or the carried file): in the lease's log
+            fit = getattr(m, "initial_fit", None)
+            log(f"built {method} on {dataset} in {time.perf_counter() - start:.1f} s"
+                + (f" (initial fit: {fit})" if fit else ""))  # fmt: skip
         history = m.fit(data, checkpoint=files.checkpoint, on_epoch_end=on_epoch_end)
         config["train_seconds"] = time.perf_counter() - start
         config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
@@ -152,6 +158,25 @@ def run_method(
         error = Metrics.from_json(metrics).test_error
         log(f"scored {what}: test error {100 * error:.2f} %, in {scored:.1f} s")
     return RunResult(m, config, scores, metrics, files.directory, False)
+
+
+def _epoch_log(what: str, start: float, on_epoch_end=None):
+    """``on_epoch_end`` that also logs every ``CCU_EPOCH_LOG`` epochs how long the run took
+    so far (``tools/lease_run.sh`` sets it: a call cut at its limit still says how far each
+    method got, the lease planner's measurement); ``on_epoch_end`` itself without it."""
+    every = int(os.environ.get("CCU_EPOCH_LOG", "0") or 0)
+    if every <= 0:
+        return on_epoch_end
+
+    def logged(done: int, epochs: int) -> None:
+        if done % every == 0 or done == epochs:
+            log(f"{what}: epoch {done}/{epochs} at {time.perf_counter() - start:.1f} s")
+        if on_epoch_end is not None:
+            on_epoch_end(done, epochs)
+
+    if hasattr(on_epoch_end, "before_epochs"):  # a deadline's timing starts with the epochs
+        logged.before_epochs = on_epoch_end.before_epochs
+    return logged
 
 
 def train_member(spec: RunSpec, member: int, data: Dataset | None = None, root=None,

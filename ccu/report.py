@@ -171,9 +171,13 @@ def reference_runs(profile: str, root: Path | None = None) -> dict[str, dict]:
 def reference_profiles(root: Path | None = None) -> list[str]:
     """The profiles with committed reference runs: ``paper`` first, then reduced paper variants
     (``paper-e30``...), then the rest (``cpu``); ``densities`` (a comparison) and ``checks``
-    (experiments on one question, e.g. ``tools/attack_budget_check.py``) are not ones."""
+    (experiments on one question, e.g. ``tools/attack_budget_check.py``) and ``leases`` (the logs
+    of GPU calls, ``tools/lease.py absorb``) are not ones."""
     d = Path(root or REFERENCE_RESULTS)
-    names = [p.name for p in d.glob("*") if p.is_dir() and p.name not in ("densities", "checks")]
+    names = [
+        p.name for p in d.glob("*")
+        if p.is_dir() and p.name not in ("densities", "checks", "leases")
+    ]  # fmt: skip
     return sorted(names, key=lambda n: (n != "paper", not n.startswith("paper"), n))
 
 

@@ -143,21 +143,28 @@ def test_absorb_never_replaces_a_committed_part_nor_mixes_balls(whole, tmp_path)
 
 
 def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path):
-    calls, later, too_long, problem = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
+    # CCU as measured on 2026-11-27 (525 s with its build) does not fit a call with its attack
+    _, _, too_long, _ = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
+    assert "CCU" in too_long
+    # with its initial fit carried (tools/lease.py prepare) it does
+    calls, later, too_long, problem = lease.plan(
+        "mnist", tmp_path, "paper", budget_s=900, jobs=4, ccu_init=True
+    )
     first = calls[0][0]
     assert first[0] == "CCU" and problem is None  # the balls first: every attack needs them
-    assert {"ACET", "ACET2"} == set(too_long)  # longer than a call even alone (DE: in lanes)
+    # longer than a call even alone (DE: in lanes; GAN measured past 555 s)
+    assert {"ACET", "ACET2", "GAN"} <= set(too_long) and "CCU" not in too_long
     assert set(first).isdisjoint(later) and set(first).isdisjoint(too_long)
     assert set(first) | set(later) | set(too_long) | {m for c in calls[1:] for m in c[0]} == set(
         lease.ALL
     )
     spent = lease.START_S
     for _, lanes, work in calls:
-        assert lanes <= 4 and work <= 600 - lease.CALL_OVERHEAD_S - lease.HARD_MARGIN_S
+        assert lanes <= 4 and work <= lease.LONGEST_WORK_S
         spent += lease.call_timeout(work) + lease.CALL_OVERHEAD_S
     assert spent <= 900
     # a lease too short for CCU plans nothing rather than strand a method
-    assert lease.plan("mnist", tmp_path, "paper", budget_s=400, jobs=4)[0] == []
+    assert lease.plan("mnist", tmp_path, "paper", budget_s=400, jobs=4, ccu_init=True)[0] == []
     for m in too_long:
         assert 1 <= lease.reduced_epochs(m) < 100
     # CCU committed with balls too big for git: the others can never be attacked in them
@@ -285,3 +292,27 @@ def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
     # what follows Base is read from the methods (needs_base), not from a list of names
     assert [m for m in grid if lease.needs_base(m)] == ["ODIN", "Maha"]
     assert not lease.needs_base("NotLoadedHere")
+
+
+def test_a_call_without_parts_still_keeps_its_log_without_machine_paths(tmp_path, capsys):
+    """The measurements of a call that brought back no part (every lane stopped at the hard
+    limit, as on 2026-11-27) are kept under reference-results/leases/, once, with file names
+    instead of machine paths; a folder with nothing at all is still exit 3."""
+    came = tmp_path / "files"
+    came.mkdir()
+    ref = tmp_path / "reference"
+    assert lease.main(["absorb", str(came), "--reference", str(ref), "--no-commit"]) == 3
+    (came / "paper-mnist.log").write_text(
+        "lease_run: paper/mnist: CCU OE in up to 2 lanes (hard limit 555 s)\n"
+        "  [lane 1] [ccu] CCU on mnist: epoch 90/100 at 401.2 s\n"
+        "  [lane 2] /opt/torch/.venv/lib/python3.12/site-packages/sklearn/_base.py:293: Warn\n"
+        "lease_run: paper/mnist: 0 parts in /root/out/paper-mnist.parts.tgz after 557 s (exit 75)\n"
+    )
+    assert lease.main(["absorb", str(came), "--reference", str(ref), "--no-commit"]) == 0
+    (kept,) = (ref / "leases").glob("*.log")
+    text = kept.read_text()
+    assert kept.name.startswith("paper-mnist-") and "epoch 90/100 at 401.2 s" in text
+    assert "/opt/" not in text and "/root/" not in text and "<path>/_base.py:293" in text
+    assert "the call's log is kept" in capsys.readouterr().out
+    # the same log again: kept once
+    assert lease.keep_logs(came, ref) == [] and len(list((ref / "leases").glob("*.log"))) == 1

@@ -38,26 +38,51 @@ from ccu.records import BALLS_KEY  # noqa: E402
 #: every method of the paper's grid (ccu.methods.METHOD_ORDER; ACET2 from its appendix)
 ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU"]
 #: device seconds per method on MNIST at the paper's protocol (100 epochs; 200 centres x 50
-#: restarts x 500 steps): (train and score, attack). Measured on the H200 lease of 2026-11-26
-#: (four lanes at once): Base 154 s, ODIN 12 s, Maha 8 s, OE 183 s, EDL 268 s; CCU 4.0 s an
-#: epoch plus its ~90 s mixture fit. Estimated: DE as one Base training and its scoring (its
-#: five members train at once in processes of their own, as four lanes did); MCD and GAN on VGG13
-#: (the H100 benchmark's ResNet18 epoch, 2.9 s, for VGG13's); ACET and ACET2 40 inner PGD
-#: steps of ~2.0 / 2.3 ms each per batch (the `cpu`-profile H200 run): 469 batches x 100
-#: epochs. The attacks: the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x 500).
+#: restarts x 500 steps): (train and score, attack and part), each with its processes' start and
+#: data loading, in four lanes on one GPU. Measured (H200; the logs are kept by ``absorb`` in
+#: reference-results/leases/): 2026-11-26 Base 154 s, ODIN 12 s, Maha 8 s; 2026-11-27 CCU 525 s
+#: (its build, the metric and EM fits, included: at least 125 s, see :data:`CCU_BUILD_S`), EDL
+#: 307 s, OE 193 s, GAN not done after 555 s (so at least 600 s: longer than a call holds with
+#: its attack). Estimated: DE as one Base training and its scoring (its five members train at
+#: once in processes of their own, as four lanes did); MCD on VGG13 (the H100 benchmark's
+#: ResNet18 epoch, 2.9 s, for VGG13's, plus the margin GAN's overrun shows); ACET and ACET2 40
+#: inner PGD steps of ~2.0 / 2.3 ms each per batch (the `cpu`-profile H200 run): 469 batches x
+#: 100 epochs. The attacks: the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x
+#: 500), plus ~15 s for each process (CCU: ``ccu balls``, ``ccu attack``, ``ccu part``).
 COST_S = {
-    "Base": (154, 15),
-    "ODIN": (12, 45),  # on Base, which its lane trains first (cost of Base added)
-    "Maha": (8, 50),
-    "EDL": (268, 15),
-    "OE": (183, 15),
-    "CCU": (490, 25),
-    "DE": (200, 70),  # its five members at once, each in a process of its own
-    "MCD": (330, 95),
-    "GAN": (420, 15),
-    "ACET": (3800, 15),
-    "ACET2": (4400, 15),
+    "Base": (160, 30),
+    "ODIN": (12, 60),  # on Base, which its lane trains first (cost of Base added)
+    "Maha": (8, 65),
+    "EDL": (310, 30),
+    "OE": (195, 30),
+    "CCU": (525, 70),
+    "DE": (220, 85),  # its five members at once, each in a process of its own
+    "MCD": (380, 110),
+    "GAN": (620, 30),
+    "ACET": (3800, 30),
+    "ACET2": (4400, 30),
 }
+#: seconds of CCU's build (metric, EM of both mixtures) inside its training: the 2026-11-27
+#: call of CCU at 10 epochs was stopped 160 s in before its 10 epochs were done (~3.5 s each),
+#: so the build took at least 125 s. A call that carries the fit (``prepare``) skips it.
+CCU_BUILD_S = 125
+#: the measured costs are one run's: plan with this much room on every training
+SAFETY = 1.1
+
+
+def train_cost(method: str, ccu_init: bool = False) -> int:
+    """Planned device seconds of ``method``'s training and scoring: :data:`COST_S` (ten
+    minutes for a method never measured) times :data:`SAFETY`, CCU's build left out when its
+    initial fit is carried (``ccu_init``)."""
+    train = COST_S.get(method, (600, 30))[0]
+    if method == "CCU" and ccu_init:
+        train -= CCU_BUILD_S
+    return int(round(train * SAFETY))
+
+
+def attack_cost(method: str) -> int:
+    """Planned device seconds of ``method``'s attack and part (:data:`COST_S`)."""
+    return COST_S.get(method, (600, 30))[1]
 
 
 def needs_base(method: str) -> bool:
@@ -72,9 +97,8 @@ def needs_base(method: str) -> bool:
 
 
 def seconds(method: str) -> int:
-    """Device seconds of ``method`` alone (train and score, attack): :data:`COST_S`, else a
-    guess of ten minutes for a method never measured."""
-    return sum(COST_S.get(method, (600, 30)))
+    """Planned device seconds of ``method`` alone (train and score, attack and part)."""
+    return train_cost(method) + attack_cost(method)
 
 
 def groups(methods: list[str]) -> list[list[str]]:
@@ -112,6 +136,8 @@ def lanes(methods: list[str], jobs: int) -> list[list[str]]:
 START_S, CALL_OVERHEAD_S = 120, 25
 #: seconds a call keeps after its hard limit: lanes stopped, the archive written, files sent
 HARD_MARGIN_S = 40
+#: seconds of planned work one call holds: its hard limit 45 s past the plan (call_timeout)
+LONGEST_WORK_S = 595 - HARD_MARGIN_S - 45
 #: the files of a part, as ``ccu part`` writes them (ccu.reference_results)
 PART_FILE = re.compile(
     r"^([A-Za-z0-9+_-]+)\.(config\.json|metrics\.json|guarantees\.json|attack\.json|attack\.npz)$"
@@ -134,7 +160,7 @@ def _others(folder: Path) -> set[str]:
     return found - set(ALL)
 
 
-def units(todo: list[str]) -> list[tuple[list[str], int, int]]:
+def units(todo: list[str], ccu_init: bool = False) -> list[tuple[list[str], int, int]]:
     """The methods to run as units of a lane: ``(methods, train seconds, attack seconds)``.
     ODIN and Maha go with Base (built on its trained model); without Base to run, they train it
     first all the same (weights are not kept from one lease to the next)."""
@@ -150,8 +176,8 @@ def units(todo: list[str]) -> list[tuple[list[str], int, int]]:
         out.append(["Base*", *on_base])  # Base trained again, its part already committed
     result = []
     for group in out:
-        train = sum(COST_S.get(m.rstrip("*"), (600, 30))[0] for m in group)
-        attack = sum(COST_S.get(m, (600, 30))[1] for m in group if not m.endswith("*"))
+        train = sum(train_cost(m.rstrip("*"), ccu_init) for m in group)
+        attack = sum(attack_cost(m) for m in group if not m.endswith("*"))
         result.append(([m for m in group if not m.endswith("*")], train, attack))
     return result
 
@@ -164,11 +190,12 @@ def lane_end(lane: list[tuple[list[str], int, int]], ready: int) -> int:
     return max(train, ready) + attack
 
 
-def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60):
+def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False):
     """The calls of a lease: ``[(methods, lanes, seconds of work)]``, the methods left for a
     later lease, those that cannot finish in one call even alone (``{method: seconds}``), and
     a problem that stops the grid (None if none): CCU's part committed without the balls'
-    metric (over 16 MiB), so no other method can be attacked in them in a later lease."""
+    metric (over 16 MiB), so no other method can be attacked in them in a later lease.
+    ``ccu_init``: the calls carry CCU's initial fit (``prepare``), so its build is not planned."""
     folder = reference_dir(reference, label, dataset)
     done = set(committed_parts(folder))
     todo = [m for m in ALL if m not in done]
@@ -181,9 +208,9 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60):
             "call with CCU (move CCU's part away first)"
         )
         return [], todo, {}, problem
-    longest = 600 - CALL_OVERHEAD_S - HARD_MARGIN_S  # work of one call at most
+    longest = LONGEST_WORK_S
     too_long = {}
-    for group, train, attack in units(todo):
+    for group, train, attack in units(todo, ccu_init):
         if train + attack > longest:
             too_long.update({m: train + attack for m in group})
     todo = [m for m in todo if m not in too_long]
@@ -196,12 +223,12 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60):
         if not balls:  # CCU first, in a lane of its own: the others attack in its balls
             if "CCU" not in todo:
                 break
-            ccu_train, ccu_attack = COST_S["CCU"]
-            if ccu_train + ccu_attack + 20 > limit:
+            ccu_train, ccu_attack = train_cost("CCU", ccu_init), attack_cost("CCU")
+            if ccu_train + ccu_attack > limit:
                 break
-            lanes.append([(["CCU"], ccu_train + 20, ccu_attack)])
-            ready = ccu_train + 20
-        rest = [u for u in units(todo) if u[0] != ["CCU"] or balls]
+            lanes.append([(["CCU"], ccu_train, ccu_attack)])
+            ready = ccu_train + ccu_attack // 3  # its balls: the first of its three steps
+        rest = [u for u in units(todo, ccu_init) if u[0] != ["CCU"] or balls]
         for unit in sorted(rest, key=lambda u: -(u[1] + u[2])):
             ends = [(lane_end([*lane, unit], 0 if lane and lane[0][0] == ["CCU"] else ready), i)
                     for i, lane in enumerate(lanes) if not (lane[0][0] == ["CCU"] and ready)]  # fmt: skip
@@ -225,14 +252,16 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60):
 
 
 def call_timeout(work: int) -> int:
-    """A call's ``timeout_s`` for ``work`` seconds of planned work."""
-    return min(600, int(work + HARD_MARGIN_S + 20))
+    """A call's ``timeout_s`` for ``work`` seconds of planned work: 45 s of room past the plan
+    before the hard limit (``HARD_LIMIT`` = this minus :data:`HARD_MARGIN_S`; the lease of
+    2026-11-27 lost CCU's part to a plan with 20 s), within the tool's 600 s a call."""
+    return min(595, int(work + HARD_MARGIN_S + 45))
 
 
 def reduced_epochs(method: str, epochs: int = 100) -> int:
     """The epochs of ``method`` that fit one call alone (the reduced variant ``paper-e<N>``)."""
     (group, train, attack), *_ = units([method])
-    longest = 600 - CALL_OVERHEAD_S - HARD_MARGIN_S
+    longest = LONGEST_WORK_S
     return max(1, int((longest - attack) / (train / epochs)))
 
 
@@ -242,8 +271,9 @@ def print_plan(args) -> int:
     label = get_profile(args.profile, args.dataset).label
     folder = reference_dir(args.reference, label, args.dataset)
     done = committed_parts(folder)
+    inits = sorted(init_dir(args.dataset).glob("ccu-init-*.pt"))
     calls, later, too_long, problem = plan(
-        args.dataset, args.reference, label, args.budget_s, args.jobs
+        args.dataset, args.reference, label, args.budget_s, args.jobs, ccu_init=bool(inits)
     )
     if problem:
         print(f"[lease] error: {problem}", file=sys.stderr)
@@ -258,6 +288,13 @@ def print_plan(args) -> int:
             f"first, here: python tools/pack_data.py --dataset {args.dataset}   (the data to carry)"
         )
         carry = [f".devdata/{args.dataset}/part-1"]
+    if inits:
+        carry.append(init_dir(args.dataset).relative_to(REPO).as_posix())
+    elif "CCU" in too_long or "CCU" in [m for c in calls for m in c[0]]:
+        print(
+            f"first, here: python tools/lease.py prepare --dataset {args.dataset}   (CCU's "
+            f"initial fit, carried: ~{CCU_BUILD_S} s less of CCU's call; then plan again)"
+        )
     left = args.budget_s
     for k, (methods, lanes, work) in enumerate(calls, 1):
         timeout = call_timeout(work)
@@ -268,7 +305,10 @@ def print_plan(args) -> int:
             f'call {k}: command "{env} bash tools/lease_run.sh {args.dataset} {" ".join(methods)}", '
             f"carry {json.dumps(carry)}, timeout_s {timeout}   (~{work} s of work)"
         )
-        print(f"  then here: python tools/lease.py absorb <files_at> --dataset {args.dataset}")
+        print(
+            f"  then here: python tools/lease.py absorb <files_at> --dataset {args.dataset}"
+            + ("; and plan again with the budget_left_s the call reports" if k < len(calls) else "")
+        )
         left -= timeout + CALL_OVERHEAD_S
     if not calls:
         print("no call fits the device time left" if later or too_long else "nothing left to run")
@@ -280,6 +320,59 @@ def print_plan(args) -> int:
         )
     if later:
         print(f"for a later lease: {', '.join(later)}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- prepare
+def init_dir(dataset: str) -> Path:
+    """The ignored folder of CCU's initial fits carried with ``dataset``'s calls."""
+    return REPO / ".devinit" / dataset
+
+
+def prepare(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | None = None,
+            overrides: dict | None = None, log=print) -> Path:  # fmt: skip
+    """CCU's initial fit (metric and both mixtures, :mod:`ccu.prefit`) for ``dataset`` at
+    ``profile``, fitted here on the CPU once and written to ``folder`` (default
+    ``.devinit/<dataset>/``), which the calls carry: the device then skips the fit (~130 s of
+    a call on MNIST). A fit with the same inputs already there is kept."""
+    import time
+
+    from ccu import prefit
+    from ccu.config import get_profile, train_settings
+    from ccu.experiment import run_data
+    from ccu.methods import get_method
+
+    folder = Path(folder) if folder is not None else init_dir(dataset)
+    prof = get_profile(profile, dataset, **(overrides or {}))
+    data = run_data(dataset, prof, seed)
+    method = get_method("CCU")(data.spec, train_settings(dataset), prof, seed=seed, device="cpu")
+    inputs = prefit.init_inputs(method, data)
+    path = prefit.init_path(folder, prefit.init_key(inputs))
+    if prefit.find_init(inputs, folder) is not None:
+        log(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}: already fitted")
+        return path
+    start = time.perf_counter()
+    # the classifier is not saved (the device draws its own from the seed): any will do here
+    method.model = method.fit_initial(method._classifier(), data)
+    info = method.checkpoint_info()["densities"]
+    path = prefit.save_init(folder, inputs, info, method.model)
+    size = path.stat().st_size / 2**20
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    log(f"{shown}: CCU's initial fit, {time.perf_counter() - start:.0f} s here, {size:.1f} MiB")
+    return path
+
+
+def prepare_command(args) -> int:
+    from ccu.data import DataNotFoundError
+
+    try:
+        prepare(args.dataset, args.profile, args.seed)
+    except DataNotFoundError as exc:
+        print(f"[lease] error: {exc}", file=sys.stderr)
+        return 3
+    except ValueError as exc:  # an unknown dataset or profile
+        print(f"[lease] error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -432,12 +525,51 @@ def _same_run(a: bytes, b: bytes) -> bool:
     return store.config_key(ca) == store.config_key(cb) and ca.get("files") == cb.get("files")
 
 
+#: an absolute path on the device or here (a committed log carries none: file names only)
+MACHINE_PATH = re.compile(
+    r"/(?:root|tmp|opt|home|work|usr|var|mnt|srv)(?:/[^\s:'\"/]+)*/([^\s:'\"/]+)"
+)
+#: the first line of ``tools/lease_run.sh``'s log: ``lease_run: <label>/<dataset>: ...``
+LOG_HEAD = re.compile(r"^lease_run: ([A-Za-z0-9+_.-]+)/([A-Za-z0-9_-]+):")
+
+
+def keep_logs(files_at: Path, reference: Path, dataset: str | None = None) -> list[Path]:
+    """Every call log in ``files_at`` kept under ``reference/leases/`` (machine paths cut to
+    file names), so that the lease's measurements (how long each method trained, how far a
+    stopped one got: ``CCU_EPOCH_LOG``) survive even a call that brought back no part. The
+    name holds the log's label, dataset and sha256: the same log twice is kept once."""
+    import hashlib
+
+    kept = []
+    for log in sorted(Path(files_at).glob("*.log")):
+        text = MACHINE_PATH.sub(lambda m: f"<path>/{m.group(1)}", log.read_text(errors="replace"))
+        head = LOG_HEAD.match(text)
+        label, ds = head.groups() if head else ("unknown", log.stem)
+        if dataset is not None and ds != dataset:
+            continue
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        path = Path(reference) / "leases" / f"{label}-{ds}-{digest}.log"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            kept.append(path)
+    return kept
+
+
 def absorb_command(args) -> int:
+    kept = keep_logs(Path(args.files_at), Path(args.reference), args.dataset)
+    code = 0
     try:
         result = absorb(Path(args.files_at), Path(args.reference), args.dataset)
     except AbsorbError as exc:
-        print(f"[lease] error: {exc}", file=sys.stderr)
-        return exc.code
+        result = {}
+        if exc.code == 3 and kept:  # no part came back, but the call's measurements did
+            print(f"[lease] no parts came back ({exc}); the call's log is kept")
+        else:
+            print(f"[lease] error: {exc}", file=sys.stderr)
+            code = exc.code
+    for path in kept:
+        print(f"kept the call's log: {path}")
     paths = []
     for folder, written in result.items():
         done = committed_parts(folder)
@@ -447,16 +579,17 @@ def absorb_command(args) -> int:
     for log in sorted(Path(args.files_at).glob("*.log")):
         tail = log.read_text(errors="replace").splitlines()[-2:]
         print(f"{log.name}: " + " | ".join(tail))
-    if paths and args.commit:
-        rel = [p.resolve().relative_to(REPO).as_posix() for p in paths]
+    if (paths or kept) and args.commit:
+        rel = [p.resolve().relative_to(REPO).as_posix() for p in paths + kept]
         methods = sorted(
             {w.split(".")[0] for ws in result.values() for w in ws} - {"balls", "radii"}
         )
-        msg = f"Lease parts {', '.join(rel)}: {', '.join(methods) or 'balls'}"
+        what = ", ".join(methods) or ("balls" if paths else "no parts, the call's log")
+        msg = f"Lease parts {', '.join(rel)}: {what}"
         subprocess.run(["git", "-C", str(REPO), "add", "--", *rel], check=True)
         subprocess.run(["git", "-C", str(REPO), "commit", "-q", "-m", msg, "--", *rel], check=True)
         print(f"committed: {msg}")
-    return 0
+    return code
 
 
 def main(argv=None) -> int:
@@ -465,6 +598,10 @@ def main(argv=None) -> int:
     p = sub.add_parser("lanes", help="on the device: the lanes of a call, one line each")
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--methods", nargs="+", required=True)
+    p = sub.add_parser("prepare", help="here, before a lease: CCU's initial fit to carry")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--profile", default="paper")
+    p.add_argument("--seed", type=int, default=0)
     for name in ("plan", "absorb"):
         p = sub.add_parser(name)
         if name == "absorb":
@@ -487,6 +624,8 @@ def main(argv=None) -> int:
         for lane in lanes(args.methods, args.jobs):
             print(" ".join(lane))
         return 0
+    if args.command == "prepare":
+        return prepare_command(args)
     return print_plan(args) if args.command == "plan" else absorb_command(args)
 
 

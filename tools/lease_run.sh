@@ -65,6 +65,8 @@ log=$OUT/$label-$ds.log
 tgz=$OUT/$label-$ds.parts.tgz
 say() { echo "lease_run: $*" | tee -a "$log"; }
 say "$label/$ds: ${methods[*]} in up to $JOBS lanes (hard limit ${HARD_LIMIT} s)"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+say "on ${gpu:-cpu}, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit ${CCU_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 
 # the data: the parts carried in this call and earlier ones (while warm), gathered in one folder
 if [ "$ds" != digits ] && [ -z "${CCU_OFFLINE_DATA:-}" ]; then
@@ -73,6 +75,12 @@ if [ "$ds" != digits ] && [ -z "${CCU_OFFLINE_DATA:-}" ]; then
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || { say "no run: the data of $ds is not complete (python tools/pack_data.py --dataset $ds)"; exit "$rc"; }
 fi
+
+# CCU's initial fit made here before the lease (python tools/lease.py prepare), when carried:
+# the build loads it instead of fitting (only if its inputs' key matches; else it fits)
+[ -d ".devinit/$ds" ] && export CCU_INIT_DIR=$PWD/.devinit/$ds
+# every 10 epochs a line of how far each training got: a call cut short still measures
+export CCU_EPOCH_LOG=${CCU_EPOCH_LOG:-10}
 
 adv=$CCU_RESULTS/$label/$ds/seed0/adversarial
 ref=$REFERENCE/$label/$ds

@@ -13,10 +13,12 @@ with it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
+from ccu import prefit
 from ccu.data import uniform_noise
 from ccu.data.augment import covariance_sample
 from ccu.density import GaussianMixture, get_density_family
@@ -74,10 +76,33 @@ class CCUMethod(BaseMethod):
             {"name": f"CCU-{fam.family}", "density": fam.family, "__doc__": doc},
         )
 
+    #: where the initial fit came from: "fitted" here, or the carried file's name
+    #: (:mod:`ccu.prefit`); recorded in the run's config as ``initial_fit``
+    initial_fit = "fitted"
+
     def build(self, data) -> None:
+        """The CCU model for ``data``: the classifier drawn from the seed, the metric and both
+        mixtures fitted (:func:`ccu.init_ccu`), or loaded from a carried initial fit of the same
+        inputs (:func:`ccu.prefit.find_init`: ``CCU_INIT_DIR``, ``tools/lease.py prepare``)."""
         torch.manual_seed(self.seed)
         clf = self._classifier()
-        self.model = init_ccu(
+        inputs = prefit.init_inputs(self, data) if os.environ.get(prefit.INIT_DIR_ENV) else None
+        carried = prefit.find_init(inputs) if inputs is not None else None
+        if carried is not None:
+            self.skeleton({"densities": carried["densities"]}, classifier=clf)
+            missing, unexpected = self.model.load_state_dict(carried["state"], strict=False)
+            if unexpected or any(not k.startswith("classifier.") for k in missing):
+                raise ValueError(
+                    f"{carried['path']} does not fit this CCU model; delete it and run "
+                    "`python tools/lease.py prepare` again."
+                )
+            self.initial_fit = carried["path"].name
+            return
+        self.model = self.fit_initial(clf, data)
+
+    def fit_initial(self, clf, data) -> CCU:
+        """The metric and both mixtures fitted to ``data`` around ``clf`` (:func:`ccu.init_ccu`)."""
+        return init_ccu(
             clf,
             data.train_x,
             data.out_x,
@@ -152,8 +177,9 @@ class CCUMethod(BaseMethod):
             "out": model.density_out.config(),
         }
 
-    def skeleton(self, state: dict) -> None:
-        """An empty CCU model with the saved family and shapes (the state dict then fills it)."""
+    def skeleton(self, state: dict, classifier=None) -> None:
+        """An empty CCU model with the saved family and shapes (the state dict then fills it),
+        around ``classifier`` (default: a new one)."""
         info = state.get("densities")
         if info is None:
             raise ValueError(
@@ -168,7 +194,7 @@ class CCUMethod(BaseMethod):
         family = get_density_family(info["family"])
         metric = Mahalanobis.identity(int(info["dim"]))
         self.model = CCU(
-            self._classifier(),
+            classifier if classifier is not None else self._classifier(),
             family.empty(metric, **info["in"]),
             family.empty(metric, **info["out"]),
             self.spec.num_classes,
