@@ -159,13 +159,13 @@ def _only(ref: dict, method: str) -> dict:
 
 def status(paper: str, method: str, runs: list[dict]) -> str:
     """What stands behind our number for (dataset, method): ``paper protocol``, ``reduced
-    (paper-e<N>)``, ``cpu`` (or another profile), ``not run``, or ``data not available
-    offline: <why>`` (every registry dataset for it is a torchvision download)."""
+    (paper-e<N>)``, ``cpu`` (or another profile), ``not run``, or ``no offline copy`` (every
+    registry dataset for it is a torchvision download)."""
     names = candidates(paper)
     ref = run_for(runs, method)
     if ref is None:
         if names and all(_download_only(n) for n in names):
-            return f"data not available offline: {REGISTRY[names[0]].description}"
+            return "no offline copy"  # every copy is a download (the chapter says which)
         return "not run"
     profile = ref["profile"]
     if profile == "paper":
@@ -197,8 +197,8 @@ def summary(comp: pd.DataFrame) -> dict:
     """Numbers the chapter quotes: compared values, and the median |ours - paper| per table."""
     done = comp.dropna(subset=["ours"])
     out = {"n_paper": int(len(comp)), "n_compared": int(len(done))}
-    for table in TABLES:
-        d = done[done.table == table]["diff"].abs()
+    for table in TABLES:  # percentage points only: P_Stats' count "# < 1.1/M" is not one
+        d = done[(done.table == table) & ~done.key.astype(str).str.startswith("#")]["diff"].abs()
         out[f"median_abs_diff_{table.replace(' ', '').lower()}"] = (
             float(d.median()) if len(d) else float("nan")
         )
@@ -220,8 +220,9 @@ def heatmap_figure(comp: pd.DataFrame, table: str = "Table 2"):
         ax.set_xticks(range(f.shape[1]), f.columns, rotation=45, ha="right")
         ax.set_yticks(range(f.shape[0]), f.index)
         for (i, j), v in np.ndenumerate(f.values):
-            if np.isfinite(v):
-                ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=7)
+            if np.isfinite(v):  # white on the darkest cells, black elsewhere: always legible
+                colour = "white" if abs(v) > 0.6 * limit else "black"
+                ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=8, color=colour)
         ax.grid(False)
         ax.set_title(f"{d}: {table}, ours − paper (points)")
         fig.colorbar(im, ax=ax, shrink=0.8)
@@ -230,3 +231,220 @@ def heatmap_figure(comp: pd.DataFrame, table: str = "Table 2"):
         axes[0][0].set_axis_off()
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ the paper's layout, per run
+#: the paper's protocol (section "Experiments" and appendix B): what every run is compared with
+PAPER_EPOCHS = 100
+PAPER_ATTACK = (200, 50, 500)  # noise centres x restarts x steps (appendix, "attack")
+PAPER_ACET_STEPS = 40  # ACET's inner PGD steps during training
+PAPER_OUT = "80 Million Tiny Images"
+PAPER_SIZES = {  # training / test images of the paper's in-distributions
+    "MNIST": "60,000 / 10,000",
+    "FMNIST": "60,000 / 10,000",
+    "SVHN": "73,257 / 26,032",
+    "CIFAR10": "50,000 / 10,000",
+    "CIFAR100": "50,000 / 10,000",
+}
+
+
+def every_run(root: Path | None = None) -> list[dict]:
+    """Every committed reference run (one profile on one dataset), best first per paper dataset
+    (:func:`ranked_runs`), each with ``paper`` (its paper dataset) added."""
+    return [dict(r, paper=p) for p, runs in ranked_runs(root).items() for r in runs]
+
+
+def profile_words(profile: str, epochs: int | None = None) -> str:
+    """A profile label in plain words, e.g. ``"reduced CPU profile, 10 epochs"``."""
+    if profile == "paper":
+        return "the paper's protocol, 100 epochs"
+    if profile.startswith("paper-e"):
+        return f"the paper's protocol cut to {profile[7:].split('-')[0]} epochs"
+    what = {"cpu": "reduced CPU profile", "smoke": "smoke test"}.get(profile, f"profile {profile}")
+    return f"{what}, {epochs} epochs" if epochs else what
+
+
+def run_title(run: dict) -> str:
+    """A committed run in plain words, e.g. ``"MNIST (stand-in: mnist-offline), reduced CPU
+    profile, 10 epochs, on an NVIDIA H200"``: what a grid of :func:`paper_grid` shows."""
+    cfg = next(iter(run["config"].values()), {})
+    prof = cfg.get("profile", {})
+    full = candidates(run["paper"])[:1] == [run["dataset"]]
+    data = run["paper"] if full else f"{run['paper']} (stand-in: {run['dataset']})"
+    device = provenance(run)["device"] or "unknown device"
+    device = "a CPU" if device == "cpu" else f"an {device}" if device[0] in "AEIOUN" else device
+    return f"{data}, {profile_words(run['profile'], prof.get('epochs'))}, on {device}"
+
+
+def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
+    """One row per committed reference run, and the paper's protocol as the first row: the data
+    (training / test images), epochs, training out-distribution, attack budget, ACET's inner
+    steps, the methods and the device, each in words (chapter *Reproduction at a glance*)."""
+    rows = {
+        "the paper": {
+            "data (train / test images)": "full sets: " + "; ".join(
+                f"{k} {v}" for k, v in PAPER_SIZES.items()
+            ),
+            "epochs": str(PAPER_EPOCHS),
+            "training out-distribution": PAPER_OUT,
+            "attack (centres x restarts x steps)": " x ".join(map(str, PAPER_ATTACK)),
+            "ACET inner steps": str(PAPER_ACET_STEPS),
+            "methods": "all 11",
+            "device": "GPU",
+        }
+    }  # fmt: skip
+    for run in every_run(root):
+        cfg = next(iter(run["config"].values()), {})
+        prof = cfg.get("profile", {})
+        spec = REGISTRY.get(run["dataset"])
+        data = spec.description if spec is not None else run["dataset"]
+        if prof.get("n_train"):
+            data = f"first {prof['n_train']:,} training images of: {data}"
+        attack = (prof.get("n_centres") or prof.get("n_seeds"), prof.get("attack_restarts"),
+                  prof.get("attack_steps"))  # fmt: skip
+        methods = ordered(run["metrics"])
+        rows[run_title(run)] = {
+            "data (train / test images)": data,
+            "epochs": str(prof.get("epochs", "?")),
+            "training out-distribution": str(cfg.get("out_distribution", "?")),
+            "attack (centres x restarts x steps)": " x ".join(map(str, attack)),
+            "ACET inner steps": str(prof.get("acet_steps", "?")) if "ACET" in methods else "—",
+            "methods": f"{len(methods)}: {', '.join(methods)}",
+            "device": provenance(run)["device"] or "?",
+        }
+    return pd.DataFrame(rows).T
+
+
+def _cell(ours, paper, count: bool = False) -> str:
+    """A grid cell: ours above, the paper's below (grey), one decimal (``count``: a whole
+    number); ``—`` where missing."""
+
+    def fmt(v):
+        if v is None or not np.isfinite(v):
+            return MISSING
+        return f"{v:.0f}" if count else f"{v:.1f}"
+
+    return f'{fmt(ours)}<br><span class="ccu-paper">{fmt(paper)}</span>'
+
+
+MISSING = report.MISSING
+
+
+def paper_grid(run: dict, table: str = "Table 1") -> pd.DataFrame:
+    """One run's numbers in the paper's layout, every cell "ours over the paper's":
+    ``Table 1`` rows TE / SR / AUC; ``Table 2`` (AUROC) and ``AUPR`` rows the OOD sets; columns
+    the methods (the paper's order, then ours it does not have); ``P_Stats`` one column, CCU.
+    Never mixes runs: a method this run did not train is ``—`` (chapter *Reproduction at a
+    glance*)."""
+    paper = run["paper"]
+    methods = ordered(set(run["metrics"]) | set(report.paper_table("table1_adversarial_noise")
+                                                   .query("dataset == @paper").method))  # fmt: skip
+    cells: dict[str, dict[str, str]] = {}
+    for method in methods:
+        r = _only(run, method) if method in run["metrics"] else {"metrics": {}, "table1": {}}
+        if table == "Table 1":
+            rows = _rows_table1(paper, r, method)
+            if not rows:  # the paper has no row for this method: ours alone
+                t1 = run.get("table1", {}).get(METHODS, {}).get(method, {})
+                rows = [
+                    ("Table 1", k, method, np.nan, _pct(t1.get(k))) for k in ("TE", "SR", "AUC")
+                ]
+        elif table in ("Table 2", "AUPR"):
+            metric = AUROC if table == "Table 2" else AUPR_IN
+            rows = _rows_ood(paper, r, table, metric, method)
+            have = {row[1] for row in rows}
+            if method in run["metrics"]:  # OOD sets ours has and the paper's table does not
+                record = Metrics.from_json(run["metrics"][method])
+                for ood in record.ood_sets():
+                    name = report.PAPER_OOD.get(ood, ood)
+                    if name not in have:
+                        rows.append((table, name, method, np.nan, _pct(record.value(ood, metric))))
+        elif table == "P_Stats":
+            rows = _rows_pstats(paper, r) if method == "CCU" else []
+        else:
+            raise ValueError(f"table must be one of {', '.join(TABLES)}; got {table!r}.")
+        for _, key, _, value, ours in rows:
+            cells.setdefault(key, {})[method] = _cell(ours, value, str(key).startswith("#"))
+    frame = pd.DataFrame(cells).T
+    return frame[[m for m in methods if m in frame.columns]].fillna(_cell(None, None))
+
+
+def grid_html(frame: pd.DataFrame, caption: str) -> str:
+    """:func:`paper_grid` as compact HTML: ``caption`` above, cells centred and narrow enough
+    that eleven methods fit the book's column (no scrolling to CCU's)."""
+    style = (
+        "<style>table.ccu-grid{font-size:0.8em;border-collapse:collapse;margin-bottom:1em}"
+        "table.ccu-grid th,table.ccu-grid td{padding:2px 5px;text-align:center}"
+        "table.ccu-grid td{border-top:1px solid #ddd;line-height:1.25}"
+        "table.ccu-grid caption{caption-side:top;text-align:left;font-weight:600}"
+        ".ccu-paper{color:#6a6a6a}</style>"
+    )
+    styler = frame.style.set_caption(caption).set_table_attributes('class="ccu-grid"')
+    return style + styler.to_html()
+
+
+_WORDS_STYLE = (
+    "<style>table.ccu-words{font-size:0.8em;border-collapse:collapse;table-layout:fixed;"
+    "width:100%}table.ccu-words th,table.ccu-words td{padding:3px 5px;vertical-align:top;"
+    "text-align:left;overflow-wrap:anywhere;border-top:1px solid #ddd}"
+    "table.ccu-words thead th{font-weight:600}</style>"
+)
+
+
+def plain_words_html(words: pd.DataFrame) -> str:
+    """:func:`runs_in_plain_words` for the page: one column per run (the paper's first), one row
+    per aspect, the text wrapped inside the book's column (no horizontal scrolling)."""
+    frame = words.T
+    frame.index.name = None
+    return _WORDS_STYLE + frame.to_html(classes="ccu-words", escape=True, border=0)
+
+
+#: the tables of each run's grids, with what their rows are
+GRID_TABLES = {
+    "Table 1": "adversarial noise: test error, success rate and AUC of the attack (%)",
+    "Table 2": "AUROC (%) per OOD set",
+    "AUPR": "AUPR (%), in-distribution positive, per OOD set",
+    "P_Stats": "CCU's lowest confidence on the in-distribution test set",
+}
+
+
+def run_grids_html(run: dict) -> str:
+    """One run's heading in plain words (:func:`run_title`) and its grids (:func:`paper_grid`)
+    for every table of :data:`GRID_TABLES` that has a number of ours."""
+    from html import escape
+
+    parts = [f'<p style="margin-top:1.5em"><b>{escape(run_title(run))}</b></p>']
+    for table, what in GRID_TABLES.items():
+        grid = paper_grid(run, table)
+        if grid.empty or not any(not c.startswith(MISSING + "<br>") for c in grid.values.ravel()):
+            continue  # nothing of ours in this table (e.g. P_Stats without CCU)
+        parts.append(grid_html(grid, f"{table}: {what}, ours over the paper's (grey)"))
+    return "".join(parts)
+
+
+def provenance_table(root: Path | None = None) -> pd.DataFrame:
+    """Per committed run (:func:`run_title`): profile, dataset as run, seed, device, commit,
+    ccu and torch versions."""
+    rows = {}
+    for run in every_run(root):
+        cfg = next(iter(run["config"].values()), {})
+        rows[run_title(run)] = dict(provenance(run), torch=cfg.get("torch_version"))
+    return pd.DataFrame(rows).T
+
+
+def paper_status(root: Path | None = None) -> str:
+    """One sentence for the top of the page: whether any committed run is at the paper's full
+    protocol (profile ``paper``) and what that means for the numbers below."""
+    runs = every_run(root)
+    full = [run_title(r) for r in runs if r["profile"] == "paper"]
+    if full:
+        return (
+            f"{len(full)} of the {len(runs)} committed runs follow the paper's full protocol "
+            "and come first; the others are reduced runs, said as such."
+        )
+    attack = " x ".join(map(str, PAPER_ATTACK))
+    return (
+        f"No run at the paper's full protocol ({PAPER_EPOCHS} epochs, the full datasets, the "
+        f"{attack} attack) is committed yet: every number of ours below comes from a reduced run, "
+        "so a difference says as much about the reduced protocol as about the method."
+    )

@@ -69,7 +69,7 @@ def test_status_matrix_and_it_updates_when_results_are_committed(tmp_path):
     st = glance.status_matrix(tmp_path)
     assert st.loc["MNIST", "CCU"] == "cpu"
     assert st.loc["MNIST", "Base"] == "not run"
-    assert st.loc["SVHN", "CCU"].startswith("data not available offline: SVHN")
+    assert st.loc["SVHN", "CCU"] == "no offline copy"
     assert st.loc["CIFAR10", "CCU"] == "not run"  # the JPEG copy is offline: it could be run
     _write(tmp_path, "paper-e30", "mnist", "CCU", 0.95)
     _write(tmp_path, "cpu", "cifar10-offline", "Base", 0.8)
@@ -79,3 +79,44 @@ def test_status_matrix_and_it_updates_when_results_are_committed(tmp_path):
     _write(tmp_path, "paper", "mnist", "CCU", 0.99)
     assert glance.status_matrix(tmp_path).loc["MNIST", "CCU"] == "paper protocol"
     assert list(glance.status_matrix(tmp_path).index) == list(glance.PAPER_DATASETS)
+
+
+def test_the_papers_layout_one_grid_per_run_never_mixing_runs(tmp_path):
+    """Table 1 as the paper prints it (rows TE / SR / AUC, columns the methods in its order),
+    each cell ours over the paper's; a method only another run has is "—" in this run's grid."""
+    _write(tmp_path, "cpu", "mnist", "Base", 0.90, te=0.012, sr=1.0, auc=0.05)
+    _write(tmp_path, "cpu", "mnist", "CCU", 0.91)
+    _write(tmp_path, "paper", "mnist", "OE", 0.99)
+    runs = {r["profile"]: r for r in glance.every_run(tmp_path)}
+    assert list(runs) == ["paper", "cpu"]  # the paper's protocol first
+    grid = glance.paper_grid(runs["cpu"], "Table 1")
+    assert list(grid.index) == ["TE", "SR", "AUC"]
+    assert (
+        list(grid.columns)
+        == report.paper_table("table1_adversarial_noise")
+        .query("dataset == 'MNIST'")
+        .method.unique()
+        .tolist()
+    )  # every method of the paper's Table 1, in its order
+    te_paper = _paper("table1_adversarial_noise", dataset="MNIST", method="Base", metric="TE")
+    assert grid.loc["TE", "Base"] == f'1.2<br><span class="ccu-paper">{te_paper:.1f}</span>'
+    assert grid.loc["TE", "OE"].startswith("—<br>")  # OE is in the paper run only: not here
+    assert glance.paper_grid(runs["paper"], "Table 1").loc["TE", "OE"].startswith("1.0<br>")
+    t2 = glance.paper_grid(runs["cpu"], "Table 2")
+    assert "FMNIST" in t2.index and t2.loc["FMNIST", "CCU"].startswith("91.0<br>")
+    stats = glance.paper_grid(runs["cpu"], "P_Stats")
+    assert list(stats.columns) == ["CCU"] and stats.loc["# < 1.1/M", "CCU"].startswith("2<br>")
+    html = glance.grid_html(grid, "Table 1")
+    assert 'class="ccu-grid"' in html and "Table 1" in html
+    with pytest.raises(ValueError, match="table must be one of"):
+        glance.paper_grid(runs["cpu"], "Table 9")
+
+
+def test_every_run_in_plain_words_with_the_papers_protocol_first(tmp_path):
+    _write(tmp_path, "cpu", "mnist-offline", "CCU", 0.91)
+    words = glance.runs_in_plain_words(tmp_path)
+    assert words.index[0] == "the paper" and words.loc["the paper", "epochs"] == "100"
+    (title,) = words.index[1:]
+    assert title.startswith("MNIST (stand-in: mnist-offline), reduced CPU profile")
+    assert "8,000 train / 2,000 test" in words.loc[title, "data (train / test images)"]
+    assert glance.profile_words("paper-e30") == "the paper's protocol cut to 30 epochs"
