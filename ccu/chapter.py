@@ -32,7 +32,6 @@ from ccu.records import (
     IMAGES_INSIDE_BALLS,
     MEDIAN_RADIUS,
     SKIPPED_FOR_TIME,
-    Metrics,
 )
 
 
@@ -308,34 +307,54 @@ def reference_summary(dataset: str, ref: dict) -> str:
     )
 
 
-def reference_ood_tables(refs: dict) -> list:
-    """Per committed reference run: its AUROC and AUPR-In tables, captioned, ours | paper."""
+def _as_glance_run(name: str, ref: dict) -> dict | None:
+    """A reference run of :func:`ccu.report.every_reference_run` as :mod:`ccu.glance` takes it
+    (with its paper dataset), or None for a dataset the paper does not have."""
     from ccu import report
 
-    out = []
-    for name, ref in refs.items():
-        caption = reference_caption(name, ref)
-        for metric, title in ((AUROC, "AUROC (%)"), (AUPR_IN, "AUPR-In (%)")):
-            table = report.ood_table(ref["metrics"], ref.get("dataset", name), metric)
-            out.append(report.styled(table, f"{title}, {caption}"))
-    return out
+    dataset = ref.get("dataset", name)
+    paper = report.PAPER_DATASET.get(dataset)
+    if paper is None:
+        return None
+    profile = ref.get("profile") or next(iter(ref["config"].values()))["profile"]["name"]
+    return dict(ref, dataset=dataset, paper=paper, profile=profile)
+
+
+def reference_grid(name: str, ref: dict, table: str):
+    """One committed run's ``table`` in the paper's layout (:func:`ccu.glance.paper_grid`: ours
+    over the paper's, every method's column in view), headed by the run in plain words; the
+    list layout for a dataset the paper does not have."""
+    from IPython.display import HTML
+
+    from ccu import glance, report
+
+    run = _as_glance_run(name, ref)
+    if run is None:
+        metric = {"Table 2": AUROC, "AUPR": AUPR_IN}.get(table)
+        dataset = ref.get("dataset", name)
+        frame = (
+            report.ood_table(ref["metrics"], dataset, metric)
+            if metric
+            else report.attack_table(ref["table1"], dataset)
+        )
+        return report.styled(frame, f"{table} (%), {reference_caption(name, ref)}")
+    caption = f"{table} ({glance.GRID_TABLES[table]}), ours over the paper's (grey): "
+    return HTML(glance.grid_html(glance.paper_grid(run, table), caption + glance.run_title(run)))
+
+
+def reference_ood_tables(refs: dict) -> list:
+    """Per committed reference run: its Table 2 (AUROC) and AUPR grids in the paper's layout
+    (:func:`reference_grid`)."""
+    return [reference_grid(name, ref, t) for name, ref in refs.items() for t in ("Table 2", "AUPR")]
 
 
 def reference_attack_tables(refs: dict) -> list:
-    """Per committed reference run: a Markdown summary, Table 1 and the P_Stats row."""
+    """Per committed reference run: a Markdown summary, its Table 1 and P_Stats grids in the
+    paper's layout (:func:`reference_grid`)."""
     from IPython.display import Markdown
-
-    from ccu import report
 
     out = []
     for name, ref in refs.items():
-        caption, ccu_metrics = reference_caption(name, ref), ref["metrics"]["CCU"]
         out.append(Markdown(reference_summary(name, ref)))
-        dataset = ref.get("dataset", name)  # keys of every_reference_run are labels
-        out.append(
-            report.styled(report.attack_table(ref["table1"], dataset), f"Table 1 (%), {caption}")
-        )
-        n_test = Metrics.from_json(ccu_metrics).n_test
-        p_stats = report.p_stats_row(ccu_metrics, dataset, n_test)
-        out.append(report.styled(p_stats, f"P_Stats, {caption}", 2))
+        out += [reference_grid(name, ref, t) for t in ("Table 1", "P_Stats")]
     return out

@@ -310,7 +310,8 @@ def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
             "attack (centres x restarts x steps)": " x ".join(map(str, attack)),
             "ACET inner steps": str(prof.get("acet_steps", "?")) if "ACET" in methods else "—",
             "methods": f"{len(methods)}: {', '.join(methods)}",
-            "device": provenance(run)["device"] or "?",
+            "device": {"cpu": "CPU"}.get(provenance(run)["device"], provenance(run)["device"])
+            or "?",
         }
     return pd.DataFrame(rows).T
 
@@ -372,31 +373,23 @@ def paper_grid(run: dict, table: str = "Table 1") -> pd.DataFrame:
 def grid_html(frame: pd.DataFrame, caption: str) -> str:
     """:func:`paper_grid` as compact HTML: ``caption`` above, cells centred and narrow enough
     that eleven methods fit the book's column (no scrolling to CCU's)."""
+    from html import escape
+
     style = (
-        "<style>table.ccu-grid{font-size:0.8em;border-collapse:collapse;margin-bottom:1em}"
+        "<style>table.ccu-grid{font-size:0.8em;border-collapse:collapse;margin:0 0 1.2em 0}"
         "table.ccu-grid th,table.ccu-grid td{padding:2px 5px;text-align:center}"
         "table.ccu-grid td{border-top:1px solid #ddd;line-height:1.25}"
-        "table.ccu-grid caption{caption-side:top;text-align:left;font-weight:600}"
+        "p.ccu-grid-caption{font-size:0.85em;font-weight:600;margin:0.4em 0 0.2em 0}"
         ".ccu-paper{color:#6a6a6a}</style>"
     )
-    styler = frame.style.set_caption(caption).set_table_attributes('class="ccu-grid"')
-    return style + styler.to_html()
-
-
-_WORDS_STYLE = (
-    "<style>table.ccu-words{font-size:0.8em;border-collapse:collapse;table-layout:fixed;"
-    "width:100%}table.ccu-words th,table.ccu-words td{padding:3px 5px;vertical-align:top;"
-    "text-align:left;overflow-wrap:anywhere;border-top:1px solid #ddd}"
-    "table.ccu-words thead th{font-weight:600}</style>"
-)
+    styler = frame.style.set_table_attributes('class="ccu-grid"')
+    return f'{style}<p class="ccu-grid-caption">{escape(caption)}</p>{styler.to_html()}'
 
 
 def plain_words_html(words: pd.DataFrame) -> str:
     """:func:`runs_in_plain_words` for the page: one column per run (the paper's first), one row
     per aspect, the text wrapped inside the book's column (no horizontal scrolling)."""
-    frame = words.T
-    frame.index.name = None
-    return _WORDS_STYLE + frame.to_html(classes="ccu-words", escape=True, border=0)
+    return report.text_table_html(words.T)
 
 
 #: the tables of each run's grids, with what their rows are

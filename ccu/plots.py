@@ -157,9 +157,16 @@ def plot_radius_histograms(radii: dict, bins: int = 20, sharex: bool = False):
     x-axis (and the same bins) for all panels, for runs on the same data that are compared.
     Chapter *Adversarial noise* (``book/adversarial_noise.ipynb``).
     """
-    fig, axes = plt.subplots(
-        1, len(radii), figsize=(4.2 * len(radii), 3.2), squeeze=False, sharex=sharex
+    # at most two panels side by side: wider figures are shrunk on the page until their text
+    # cannot be read (tools/check_book.py measures it)
+    cols = min(len(radii), 2)
+    nrows = -(-len(radii) // cols)
+    fig, grid = plt.subplots(
+        nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False, sharex=sharex
     )
+    for ax in grid.ravel()[len(radii) :]:
+        ax.axis("off")
+    axes = grid.reshape(1, -1)[:, : len(radii)]
     finite = [np.asarray(r, dtype=float) for r in radii.values()]
     finite = np.concatenate([r[np.isfinite(r)] for r in finite] or [np.zeros(0)])
     edges = np.histogram_bin_edges(finite, bins=bins) if sharex and finite.size else bins
@@ -212,17 +219,24 @@ def plot_worst_cases(rows: list[dict], methods=None):
     from ccu.methods import ordered  # the paper's column order
 
     methods = ordered(methods or {m for r in rows for m in r["worst"]})
+    # at most PER_LINE methods beside a centre: more wrap onto the next line (the centre
+    # repeated), so that the figure keeps a width the page shows without shrinking its text
+    per_line = 5
+    chunks = [methods[i : i + per_line] for i in range(0, len(methods), per_line)] or [[]]
+    width = min(len(methods), per_line) + 1
+    lines = [(row, chunk) for row in rows for chunk in chunks]
     fig, axes = plt.subplots(
-        len(rows),
-        len(methods) + 1,
-        figsize=(1.5 * (len(methods) + 1), 1.85 * len(rows)),
-        squeeze=False,
+        len(lines), width, figsize=(1.55 * width, 1.9 * len(lines)), squeeze=False
     )
-    for i, row in enumerate(rows):
+    for i, (row, chunk) in enumerate(lines):
         _show_image(axes[i, 0], row["centre"])
         axes[i, 0].set_title(row["label"], fontsize=8)
-        for j, m in enumerate(methods):
-            ax = axes[i, j + 1]
+        for j in range(1, width):
+            ax = axes[i, j]
+            if j > len(chunk):
+                ax.axis("off")
+                continue
+            m = chunk[j - 1]
             if m not in row["worst"]:
                 ax.axis("off")
                 ax.set_title(f"{m}\nnot run", fontsize=8)
@@ -243,23 +257,23 @@ def plot_history(histories: dict):
     runs = {m: h for m, h in histories.items() if h}
     groups = [
         ("training loss (nats per example)", [m for m in runs if not m.startswith("CCU")]),
-        (
-            "CCU's objective: loss incl. log-density (nats)",
-            [m for m in runs if m.startswith("CCU")],
-        ),
+        ("CCU's objective, eq. (6) (nats)", [m for m in runs if m.startswith("CCU")]),
     ]
     groups = [g for g in groups if g[1]] or groups[:1]
-    fig, axes = plt.subplots(1, len(groups) + 1, figsize=(5.5 * (len(groups) + 1), 3.5))
+    # panels side by side, each ~3.3 inches: at the book's width (~7 inches) the text keeps
+    # about its size (three 5.5-inch panels were shrunk to a third: unreadable)
+    n = len(groups) + 1
+    fig, axes = plt.subplots(1, n, figsize=(3.3 * n, 3.0))
     for ax, (label, methods) in zip(axes[:-1], groups, strict=True):
         for m in methods:
             ax.plot(np.arange(1, len(runs[m]["loss"]) + 1), runs[m]["loss"], label=m)
-        ax.set_ylabel(label)
+        ax.set_title(label, fontsize=10)
     for m, hist in runs.items():
         axes[-1].plot(np.arange(1, len(hist["accuracy"]) + 1), hist["accuracy"], label=m)
-    axes[-1].set_ylabel("training accuracy (fraction)")
+    axes[-1].set_title("training accuracy (fraction)", fontsize=10)
     for ax in axes:
         ax.set_xlabel("epoch")
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=9)
     fig.tight_layout()
     return fig

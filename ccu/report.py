@@ -418,3 +418,93 @@ def gpu_benchmark_targets(directory: Path | None = None) -> pd.DataFrame:
             rows.append([value, ("≤ " if at_most else "≥ ") + f"{bound:g}", met, note])
     index = pd.MultiIndex.from_tuples(index, names=["device", "target"]) if index else None
     return pd.DataFrame(rows, columns=["measured", "target (H200)", "met", "note"], index=index)
+
+
+#: the paper's training protocol (appendix B, "Experimental details"; section "Experiments")
+PAPER_PROTOCOL = {
+    "classifier": "LeNet on MNIST, ResNet18 otherwise; VGG for MCD and GAN",
+    "optimiser, learning rate": "Adam 1e-3 on MNIST, SGD 0.1 otherwise",
+    "learning rate x0.1 after epochs": "50, 75, 90",
+    "epochs": "100",
+    "batch (in + out)": "128 + 128 (CCU, OE, ACET)",
+    "weight decay": "5e-4 (none on the mixtures)",
+    "mixture learning rate": "1e-5",
+    "mixture components (in, out)": "100, 100",
+    "lambda = p(o)/p(i)": "1",
+    "training out-distribution": "80 Million Tiny Images",
+    "attack: centres x restarts x steps": "200 x 50 x 500",
+    "ACET's inner PGD steps": "40",
+    "deep ensemble members": "5",
+}
+
+
+def protocol_table(data, profiles=("smoke", "cpu", "paper"), current=None) -> pd.DataFrame:
+    """The paper's training protocol (:data:`PAPER_PROTOCOL`) beside this library's profiles
+    on ``data``'s dataset (its registry settings, the profiles' sizes, the out-distribution the
+    run draws): one row per setting, one column per protocol (chapter *Training*). ``current``,
+    a profile such as ``paper-e30`` not among ``profiles``, gets a column too."""
+    from ccu.config import get_profile
+
+    spec, settings = data.spec, data.spec.settings
+    names = list(profiles)
+    if current is not None and current.name not in names:
+        names.append(current)
+    columns = {"the paper": PAPER_PROTOCOL}
+    for name in names:
+        prof = name if not isinstance(name, str) else get_profile(name, spec.name)
+        drops = sorted({max(1, round(m * prof.epochs)) for m in settings.milestones})
+        nets = settings.classifier + (
+            f"; VGG13 for {', '.join(prof.vgg_methods)}" if prof.vgg_methods else ""
+        )
+        columns[f"{prof.label} (ours)"] = {
+            "classifier": nets,
+            "optimiser, learning rate": f"{settings.optimizer} {settings.lr:g}",
+            "learning rate x0.1 after epochs": ", ".join(map(str, drops)),
+            "epochs": str(prof.epochs),
+            "batch (in + out)": f"{settings.batch_size} + {settings.batch_size}",
+            "weight decay": f"{settings.weight_decay:g} (none on the mixtures)",
+            "mixture learning rate": f"{settings.gmm_lr:g}",
+            "mixture components (in, out)": f"{prof.n_components}, {prof.n_components}",
+            "lambda = p(o)/p(i)": f"{settings.lam:g}",
+            "training out-distribution": data.out_description,
+            "attack: centres x restarts x steps": (
+                f"{prof.n_centres} x {prof.attack_restarts} x {prof.attack_steps}"
+            ),
+            "ACET's inner PGD steps": str(prof.acet_steps),
+            "deep ensemble members": str(prof.ensemble),
+        }
+    return pd.DataFrame(columns)
+
+
+_TEXT_TABLE_STYLE = (
+    "<style>table.ccu-words{font-size:0.8em;border-collapse:collapse;table-layout:fixed;"
+    "width:100%}table.ccu-words th,table.ccu-words td{padding:3px 5px;vertical-align:top;"
+    "text-align:left;overflow-wrap:break-word;border-top:1px solid #ddd}"
+    "table.ccu-words th:first-child{width:9em}"  # the row labels: whole words, not broken
+    "table.ccu-words thead th{font-weight:600}</style>"
+)
+
+
+def text_table_html(frame: pd.DataFrame) -> str:
+    """A table of words (e.g. :func:`protocol_table`) for the book: fixed to the column's
+    width, the text wrapped inside its cells, so no column is cut off at the right edge."""
+    frame = frame.copy()
+    frame.index.name = None
+    return _TEXT_TABLE_STYLE + frame.to_html(classes="ccu-words", escape=True, border=0)
+
+
+#: short column names of :func:`ccu.book_checks.theorem1_check`'s rows, for the page
+THEOREM1_COLUMNS = {
+    "n_points": "points",
+    "n_certified": "certified",
+    "max_confidence_certified": "max conf. certified",
+    "bound": "bound (1+eps)/M",
+    "violations": "violations",
+    "median_distance": "median distance",
+}
+
+
+def theorem1_table(rows: list[dict]) -> pd.DataFrame:
+    """:func:`ccu.book_checks.theorem1_check`'s rows, one per eps, with short column names
+    (:data:`THEOREM1_COLUMNS`) that fit the book's column (chapter *Theorem 1, numerically*)."""
+    return pd.DataFrame(rows).set_index("eps").rename(columns=THEOREM1_COLUMNS)

@@ -59,6 +59,15 @@ def test_a_good_page_passes():
         ({"outputs": ["ValueError: bad"]}, "error in an output"),
         ({"external": ["https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"]}, "outside"),
         ({"timed_out": True}, "did not finish"),
+        ({"wide": ["table: AUROC (%) Base MCD ... ODIN"]}, "its right part cut off"),
+        (
+            {"outputs": ["/tmp/x.py:4: UserWarning: Converting a tensor with requires_grad"]},
+            "a Python warning in an output",
+        ),
+        (
+            {"figures": [{"id": "f", "has_img": True, "natural": [1650, 350], "shown": [700, 148]}]},
+            "too small to read",
+        ),
     ],
 )
 def test_each_regression_fails_the_page(change, message):
@@ -73,7 +82,7 @@ def test_expected_figures_come_from_the_chapter_source():
     assert check_book.expected_figures(ROOT / "book" / "field_terms.ipynb") == 1
     assert check_book.expected_figures(ROOT / "book" / "intro.md") == 0
     pages = check_book.pages_of_book(ROOT / "_build" / "html")
-    assert len(pages) == 12 and all(src.exists() for src in pages.values())
+    assert len(pages) == 13 and all(src.exists() for src in pages.values())
 
 
 # ----------------------------------------------------------------------------- in Chromium
@@ -144,3 +153,19 @@ def test_chromium_flags_progress_bars_in_outputs(tmp_path):
     body = '<div class="cell_output"><pre>train digits: 100%|##########| 30/30 [00:03<00:00, 9.8it/s]</pre></div>'
     found = check_book.probe_page(chromium, _page(tmp_path, body))
     assert any("progress-bar" in e for e in check_book.check_page(found, 0))
+
+
+@needs_chromium
+def test_chromium_flags_a_table_wider_than_the_column(tmp_path):
+    """A 22-column table in a scrolling box narrower than itself (the book theme's wrapper) is
+    cut off at the right edge: the check names it; the same table in a wide box passes."""
+    cells = "".join(f"<th>method {i}</th>" for i in range(22))
+    wide = (
+        '<article style="width:600px"><div style="overflow-x:auto">'
+        f"<table><tr>{cells}</tr></table></div></article>"
+    )
+    found = check_book.probe_page(chromium, _page(tmp_path, wide))
+    assert any("its right part cut off" in e for e in check_book.check_page(found, 0))
+    roomy = wide.replace("width:600px", "width:4000px")
+    found = check_book.probe_page(chromium, _page(tmp_path, roomy))
+    assert check_book.check_page(found, 0) == []

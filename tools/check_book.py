@@ -73,6 +73,20 @@ PROBE_JS = r"""
       var u = n.src || n.href;
       if (u && /^https?:/.test(u)) external.push(u);
     });
+    // wide elements: tables and math wider than the article's column, or scrolled/clipped by
+    // a container (the reader does not see their right part, e.g. CCU's column)
+    var article = main.querySelector("article") || main;
+    var right = article.getBoundingClientRect().right;
+    var wide = [];
+    main.querySelectorAll("table, mjx-container, .MathJax_Display, .MathJax_SVG_Display, div.math").forEach(function (el) {
+      if (el.closest("pre, .highlight")) return;
+      var clipped = el.getBoundingClientRect().right > right + 2;
+      for (var p = el.parentElement; p && p !== article.parentElement && !clipped; p = p.parentElement) {
+        var ox = getComputedStyle(p).overflowX;
+        if ((ox === "auto" || ox === "scroll" || ox === "hidden") && p.scrollWidth > p.clientWidth + 2) clipped = true;
+      }
+      if (clipped) wide.push(el.tagName.toLowerCase() + ": " + (el.innerText || el.textContent || "").replace(/\s+/g, " ").trim().slice(0, 80));
+    });
     var out = document.createElement("pre");
     out.id = "%(probe_id)s";
     out.textContent = JSON.stringify({
@@ -86,6 +100,7 @@ PROBE_JS = r"""
       mathjax_loaded: typeof window.MathJax !== "undefined" && !!window.MathJax.Hub,
       text: clone.innerText,
       outputs: outputs,
+      wide: wide,
       external: external,
       timed_out: !!timedOut,
       height: Math.max(document.documentElement.scrollHeight, document.body.scrollHeight)
@@ -106,6 +121,11 @@ PROBE_JS = r"""
 
 TQDM = re.compile(r"\d+%\|[^\n]*\||\d+(\.\d+)?(it/s|s/it)\]|\|\s*\d+/\d+ \[")
 ERROR = re.compile(r"Traceback|\b\w*Error\b")
+# a Python warning printed into an output (``UserWarning: ...``, ``ConvergenceWarning: ...``)
+WARNING = re.compile(r"\b\w*Warning: ")
+#: a figure shown at less than this fraction of its pixel width: its text (10-point at the
+#: figure's dpi) is below ~6 points on the page, too small to read
+MIN_FIGURE_SCALE = 0.6
 # a "$" left in the text is a dollar-math delimiter MyST did not pair: broken math
 RAW_MATH = ("\\(", "\\)", "\\[", "\\]", "$", "\\begin{")
 
@@ -232,7 +252,19 @@ def check_page(found: dict, n_figures: int) -> list[str]:
     if raw:
         i = min(found["text"].find(s) for s in raw)
         errors.append(f"raw LaTeX {raw} in the text: ...{found['text'][max(0, i - 60) : i + 60]!r}")
+    for f in good:
+        scale = f["shown"][0] / f["natural"][0]
+        if scale < MIN_FIGURE_SCALE:
+            errors.append(
+                f"figure {f['id'] or f['caption'][:40]!r} shown at {scale:.2f} of its width: its "
+                "text is too small to read (make the figure narrower)"
+            )
+    for what in found.get("wide", []):
+        errors.append(f"wider than the page's column, its right part cut off: {what!r}")
     for text in found["outputs"]:
+        if WARNING.search(text):
+            i = WARNING.search(text).start()
+            errors.append(f"a Python warning in an output: {text[max(0, i - 60) : i + 100]!r}")
         if TQDM.search(text):
             errors.append(f"progress-bar text in an output: {TQDM.search(text).group(0)!r}")
         if ERROR.search(text):
