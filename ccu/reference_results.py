@@ -415,7 +415,7 @@ def load_reference(profile: str, dataset: str, root: Path | None = None) -> dict
     if not d.is_dir():
         raise FileNotFoundError(
             f"no reference results for profile {profile!r} and dataset {dataset!r} in {d}; "
-            "produce them on a GPU as the README's \"Runs on a lent GPU\" says (tools/lease.py "
+            'produce them on a GPU as the README\'s "Runs on a lent GPU" says (tools/lease.py '
             "plan), or a cpu-profile grid with tools/device_run.sh."
         )
     out = {"metrics": {}, "config": {}, "directory": d}

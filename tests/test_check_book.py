@@ -65,7 +65,11 @@ def test_a_good_page_passes():
             "a Python warning in an output",
         ),
         (
-            {"figures": [{"id": "f", "has_img": True, "natural": [1650, 350], "shown": [700, 148]}]},
+            {
+                "figures": [
+                    {"id": "f", "has_img": True, "natural": [1650, 350], "shown": [700, 148]}
+                ]
+            },
             "too small to read",
         ),
     ],
