@@ -441,3 +441,34 @@ def paper_status(root: Path | None = None) -> str:
         f"{attack} attack) is committed yet: every number of ours below comes from a reduced run, "
         "so a difference says as much about the reduced protocol as about the method."
     )
+
+
+def noise_auroc_range(method: str = "CCU", root: Path | None = None) -> dict:
+    """``method``'s lowest and highest AUROC (%) on the noise-like OOD sets (``noise``,
+    ``uniform``) over the committed runs, with the run and set of the lowest, that run's test
+    error and the paper's for the same dataset (%): what the *OOD detection* chapter says about
+    noise, from the numbers."""
+    seen = []
+    for run in every_run(root):
+        if method not in run["metrics"]:
+            continue
+        record = Metrics.from_json(run["metrics"][method])
+        for ood in ("noise", "uniform"):
+            if ood in record.ood_sets():
+                value = 100 * record.value(ood, AUROC)
+                t = report.paper_table("table1_adversarial_noise")
+                paper_te = t[
+                    (t.dataset == run["paper"]) & (t.method == method) & (t.metric == "TE")
+                ]
+                te = (
+                    100 * record.test_error,
+                    float(paper_te.value.iloc[0]) if len(paper_te) else np.nan,
+                )
+                seen.append((value, run_title(run), report.PAPER_OOD[ood], *te))
+    if not seen:
+        nan = float("nan")
+        return {"low": nan, "high": nan, "low_run": "none", "low_set": "none", "low_te": nan,
+                "low_paper_te": nan}  # fmt: skip
+    low, high = min(seen), max(seen)
+    return {"low": low[0], "high": high[0], "low_run": low[1], "low_set": low[2],
+            "low_te": low[3], "low_paper_te": low[4]}  # fmt: skip
