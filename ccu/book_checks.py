@@ -226,6 +226,24 @@ def images_in_balls(model, noise, radii, data, level: float = 1.1) -> dict:
     return out
 
 
+def images_in_balls_text(found: dict) -> str:
+    """What :func:`images_in_balls` found, as the chapter's summary says it: no real image in
+    the certified balls, or how many balls hold one and that CCU is uncertain there.
+
+    >>> images_in_balls_text({"inside": 0, "worst_confidence": float("nan")})
+    'no training or test image lies inside a certified ball'
+    >>> images_in_balls_text({"inside": 4, "worst_confidence": 0.1})
+    '4 certified balls hold a training or test image, on which CCU is itself uncertain (confidence at most 0.1000, as the certificate demands)'
+    """
+    if not found["inside"]:
+        return "no training or test image lies inside a certified ball"
+    return (
+        f"{found['inside']} certified balls hold a training or test image, on which CCU is "
+        f"itself uncertain (confidence at most {found['worst_confidence']:.4f}, as the "
+        "certificate demands)"
+    )
+
+
 # ----------------------------------------------------------------------------- adversarial noise
 def adversarial_noise_check(summary: dict) -> dict:
     """The certificate of the ball method (CCU) in :func:`ccu.adversarial_noise.adversarial_noise`'s

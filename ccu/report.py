@@ -507,4 +507,6 @@ THEOREM1_COLUMNS = {
 def theorem1_table(rows: list[dict]) -> pd.DataFrame:
     """:func:`ccu.book_checks.theorem1_check`'s rows, one per eps, with short column names
     (:data:`THEOREM1_COLUMNS`) that fit the book's column (chapter *Theorem 1, numerically*)."""
-    return pd.DataFrame(rows).set_index("eps").rename(columns=THEOREM1_COLUMNS)
+    table = pd.DataFrame(rows).rename(columns=THEOREM1_COLUMNS)
+    table["eps"] = [f"{e:g}" for e in table["eps"]]  # 0.01, not pandas' 0.010000
+    return table.set_index("eps")
