@@ -26,6 +26,7 @@ in its own three networks. ``ccu run --stop-after`` passes its deadline's check
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,12 +159,22 @@ def run_epochs(
         hist.accuracy.append(result.correct / result.n)
         hist.constraint_gap.extend(result.constraint_gaps)
         bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
-        if checkpoint is not None:
+        if checkpoint is not None and _checkpoint_due(epoch + 1, epochs):
             extra = step.state_dict() | ({"method_info": info} if info else {})
             save_training_state(checkpoint, epoch + 1, epochs, model, loader, hist, device, **extra)
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, epochs)
     return hist
+
+
+def _checkpoint_due(done: int, epochs: int) -> bool:
+    """Whether the epoch checkpoint is written after epoch ``done``: after every epoch, or every
+    ``CCU_CHECKPOINT_EVERY`` epochs and after the last (``tools/lease_run.sh`` sets 25: a GPU
+    lease never resumes, and CCU's ~54 MiB checkpoint written 100 times costs seconds of a
+    call that has none to spare). The weights are the same either way; only a resumed run
+    starts from an earlier epoch."""
+    every = max(int(os.environ.get("CCU_CHECKPOINT_EVERY", "1") or 1), 1)
+    return done % every == 0 or done == epochs
 
 
 def make_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:

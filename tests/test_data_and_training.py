@@ -147,3 +147,43 @@ def test_bad_checkpoints(tmp_path):
     ccu.Trainer(1, progress=False).fit(clf, data, checkpoint=ckpt)
     with pytest.raises(ValueError, match="1-epoch run"):
         ccu.Trainer(3, progress=False).fit(clf, data, checkpoint=ckpt)
+
+
+def test_checkpoints_every_n_epochs_and_after_the_last_give_the_same_weights(tmp_path, monkeypatch):
+    """``CCU_CHECKPOINT_EVERY=2`` (a GPU lease writes fewer checkpoints): saved after epochs 2,
+    4 and 5 of 5, the same weights as a run saving after every epoch; a run killed after epoch
+    3 resumes from epoch 2 and still ends with them."""
+    data = load_dataset("digits").subset(200)
+    saved = []
+
+    def fit(every, ckpt, on_epoch_end=None):
+        monkeypatch.setenv("CCU_CHECKPOINT_EVERY", str(every))
+        torch.manual_seed(0)
+        clf = ccu.make_classifier("mlp", data.spec.shape, 10, hidden=8)
+
+        def note(done, epochs):
+            saved.append(torch.load(ckpt, weights_only=True)["epoch"] if ckpt.exists() else 0)
+            if on_epoch_end is not None:
+                on_epoch_end(done, epochs)
+
+        ccu.Trainer(5, progress=False).fit(clf, data, checkpoint=ckpt, on_epoch_end=note)
+        return clf
+
+    every = fit(1, tmp_path / "a" / "checkpoint.pt")
+    saved.clear()
+    sparse = fit(2, tmp_path / "b" / "checkpoint.pt")
+    assert saved == [0, 2, 2, 4, 5]  # the checkpoint on disk after each epoch (0: none yet)
+    for a, b in zip(every.state_dict().values(), sparse.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    def die_after_3(done, epochs):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    ckpt = tmp_path / "c" / "checkpoint.pt"
+    with pytest.raises(KeyboardInterrupt):
+        fit(2, ckpt, die_after_3)
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 2
+    resumed = fit(2, ckpt)
+    for a, b in zip(every.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -81,6 +81,9 @@ fi
 [ -d ".devinit/$ds" ] && export CCU_INIT_DIR=$PWD/.devinit/$ds
 # every 10 epochs a line of how far each training got: a call cut short still measures
 export CCU_EPOCH_LOG=${CCU_EPOCH_LOG:-10}
+# a call never resumes a training (no weights travel): epoch checkpoints every 25 epochs and
+# after the last (DE's own training resumes its members from their last), not after each
+export CCU_CHECKPOINT_EVERY=${CCU_CHECKPOINT_EVERY:-25}
 
 adv=$CCU_RESULTS/$label/$ds/seed0/adversarial
 ref=$REFERENCE/$label/$ds
