@@ -143,9 +143,10 @@ def run_method(
             m.build(data)
             # what the lease planner needs apart from the epochs (CCU: metric and EM fits), and
             # where CCU's fit came from (fitted, or the carried file): in the lease's log
-            fit = getattr(m, "initial_fit", None)
-            log(f"built {method} on {dataset} in {time.perf_counter() - start:.1f} s"
-                + (f" (initial fit: {fit})" if fit else ""))  # fmt: skip
+            fit, built = getattr(m, "initial_fit", None), time.perf_counter() - start
+            if fit or built >= 1.0:  # a build worth a line (not a network's initialisation)
+                log(f"built {method} on {dataset} in {built:.1f} s"
+                    + (f" (initial fit: {fit})" if fit else ""))  # fmt: skip
         history = m.fit(data, checkpoint=files.checkpoint, on_epoch_end=on_epoch_end)
         config["train_seconds"] = time.perf_counter() - start
         config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
