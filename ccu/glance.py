@@ -20,7 +20,18 @@ import pandas as pd
 from ccu import report
 from ccu.data import REGISTRY
 from ccu.methods import METHOD_ORDER, ordered
-from ccu.records import AUPR_IN, AUROC, COMMIT, DEVICE, DEVICE_NAME, METHODS, Metrics
+from ccu.records import (
+    AUC,
+    AUPR_IN,
+    AUROC,
+    COMMIT,
+    DEVICE,
+    DEVICE_NAME,
+    METHODS,
+    SR,
+    TE,
+    Metrics,
+)
 
 TABLES = ("Table 1", "Table 2", "AUPR", "P_Stats")
 PAPER_DATASETS = ("MNIST", "FMNIST", "SVHN", "CIFAR10", "CIFAR100")
@@ -289,7 +300,7 @@ def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
             "training out-distribution": PAPER_OUT,
             "attack (centres x restarts x steps)": " x ".join(map(str, PAPER_ATTACK)),
             "ACET inner steps": str(PAPER_ACET_STEPS),
-            "methods": "all 11",
+            "methods run": "all 11",
             "device": "GPU",
         }
     }  # fmt: skip
@@ -309,7 +320,7 @@ def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
             "training out-distribution": str(cfg.get("out_distribution", "?")),
             "attack (centres x restarts x steps)": " x ".join(map(str, attack)),
             "ACET inner steps": str(prof.get("acet_steps", "?")) if "ACET" in methods else "—",
-            "methods": f"{len(methods)}: {', '.join(methods)}",
+            "methods run": f"{len(methods)}: {', '.join(methods)}",
             "device": {"cpu": "CPU"}.get(provenance(run)["device"], provenance(run)["device"])
             or "?",
         }
@@ -347,9 +358,7 @@ def paper_grid(run: dict, table: str = "Table 1") -> pd.DataFrame:
             rows = _rows_table1(paper, r, method)
             if not rows:  # the paper has no row for this method: ours alone
                 t1 = run.get("table1", {}).get(METHODS, {}).get(method, {})
-                rows = [
-                    ("Table 1", k, method, np.nan, _pct(t1.get(k))) for k in ("TE", "SR", "AUC")
-                ]
+                rows = [("Table 1", k, method, np.nan, _pct(t1.get(k))) for k in (TE, SR, AUC)]
         elif table in ("Table 2", "AUPR"):
             metric = AUROC if table == "Table 2" else AUPR_IN
             rows = _rows_ood(paper, r, table, metric, method)
@@ -457,9 +466,7 @@ def noise_auroc_range(method: str = "CCU", root: Path | None = None) -> dict:
             if ood in record.ood_sets():
                 value = 100 * record.value(ood, AUROC)
                 t = report.paper_table("table1_adversarial_noise")
-                paper_te = t[
-                    (t.dataset == run["paper"]) & (t.method == method) & (t.metric == "TE")
-                ]
+                paper_te = t[(t.dataset == run["paper"]) & (t.method == method) & (t.metric == TE)]
                 te = (
                     100 * record.test_error,
                     float(paper_te.value.iloc[0]) if len(paper_te) else np.nan,

@@ -22,6 +22,7 @@ from ccu.records import (
     MEAN_MAX_CONFIDENCE,
     MEDIAN_OWN_RADIUS,
     METHODS,
+    N_CERTIFIED,
     N_OWN_CERTIFIED,
     OWN_CERTIFIED_AUC,
     SR,
@@ -496,7 +497,7 @@ def text_table_html(frame: pd.DataFrame) -> str:
 #: short column names of :func:`ccu.book_checks.theorem1_check`'s rows, for the page
 THEOREM1_COLUMNS = {
     "n_points": "points",
-    "n_certified": "certified",
+    N_CERTIFIED: "certified",
     "max_confidence_certified": "max conf. certified",
     "bound": "bound (1+eps)/M",
     "violations": "violations",
@@ -510,3 +511,29 @@ def theorem1_table(rows: list[dict]) -> pd.DataFrame:
     table = pd.DataFrame(rows).rename(columns=THEOREM1_COLUMNS)
     table["eps"] = [f"{e:g}" for e in table["eps"]]  # 0.01, not pandas' 0.010000
     return table.set_index("eps")
+
+
+def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
+    """The committed checks of ``tools/attack_budget_check.py`` (``reference-results/checks/``):
+    per method and run, SR and AUC (%) of its worst points at each attack budget (restarts x
+    steps) on the same centres, beside the paper's Table 1 (chapter *Adversarial noise*: is a
+    gap to the paper the reduced attack, or the method?)."""
+    folder = Path(root or REFERENCE_RESULTS) / "checks"
+    t1 = paper_table("table1_adversarial_noise")
+    rows = []
+    for path in sorted(folder.glob("*.json")):
+        check = json.loads(path.read_text())
+        paper = PAPER_DATASET.get(check["dataset"])
+        sel = t1[(t1.dataset == paper) & (t1.method == check["method"])].set_index("metric").value
+        for budget, found in check["budgets"].items():
+            rows.append({
+                "method": check["method"],
+                "run": f"{check['dataset']} ({check['profile']})",
+                "centres": check["n_centres"],
+                "budget (restarts x steps)": budget.replace("x", " x "),
+                SR: 100 * found[SR],
+                AUC: 100 * found[AUC],
+                f"paper {SR}": sel.get(SR, np.nan),
+                f"paper {AUC}": sel.get(AUC, np.nan),
+            })  # fmt: skip
+    return pd.DataFrame(rows)

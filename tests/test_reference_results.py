@@ -142,3 +142,13 @@ def test_the_reference_writer_records_paths_relative_to_the_data_root():
     assert out["ood"]["emnist"]["skipped"] == "EMNIST (test) is not in the data root and ..."
     assert out["n"] == [1, 2.5, None]
     assert not MACHINE_PATH.findall(json.dumps(out))
+
+
+def test_the_attack_budget_checks_say_what_a_gap_is():
+    """The committed checks (tools/attack_budget_check.py) as the Adversarial noise chapter
+    shows them: OE's gap to the paper closes at the paper's budget, Maha's does not."""
+    checks = report.attack_budget_checks()
+    oe = checks[checks.method == "OE"].set_index("budget (restarts x steps)")
+    assert oe.loc["50 x 500", "SR"] == 100.0 > oe.loc["5 x 100", "SR"]
+    maha = checks[checks.method == "Maha"].set_index("budget (restarts x steps)")
+    assert maha.loc["50 x 500", "SR"] == 0.0 and maha.loc["50 x 500", "paper SR"] == 100.0
