@@ -141,10 +141,10 @@ def run_method(
             m.build_from_base(base.method, data)
         elif not m.build_for_resume(files.checkpoint):  # resuming: no refit of what it will load
             m.build(data)
-            # what the lease planner needs apart from the epochs (CCU: metric and EM fits), and
-            # where CCU's fit came from (fitted, or the carried file): in the lease's log
+            # with the epoch log of a lease (CCU_EPOCH_LOG): how long the build took (CCU's
+            # metric and EM fits) and where CCU's fit came from (fitted, or the carried file)
             fit, built = getattr(m, "initial_fit", None), time.perf_counter() - start
-            if fit or built >= 1.0:  # a build worth a line (not a network's initialisation)
+            if os.environ.get("CCU_EPOCH_LOG") and (fit or built >= 1.0):
                 log(f"built {method} on {dataset} in {built:.1f} s"
                     + (f" (initial fit: {fit})" if fit else ""))  # fmt: skip
         history = m.fit(data, checkpoint=files.checkpoint, on_epoch_end=on_epoch_end)

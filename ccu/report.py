@@ -28,6 +28,7 @@ from ccu.records import (
     SR,
     TABLE1_METRICS,
     TE,
+    TEST_ERROR,
     AttackSummary,
     Metrics,
 )
@@ -523,6 +524,8 @@ def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
     rows = []
     for path in sorted(folder.glob("*.json")):
         check = json.loads(path.read_text())
+        if "budgets" not in check:  # another kind of check (tools/epochs_check.py)
+            continue
         paper = PAPER_DATASET.get(check["dataset"])
         sel = t1[(t1.dataset == paper) & (t1.method == check["method"])].set_index("metric").value
         for budget, found in check["budgets"].items():
@@ -536,4 +539,30 @@ def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
                 f"paper {SR}": sel.get(SR, np.nan),
                 f"paper {AUC}": sel.get(AUC, np.nan),
             })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def epochs_checks(root: Path | None = None) -> pd.DataFrame:
+    """The committed checks of ``tools/epochs_check.py`` (``reference-results/checks/``): per
+    method, run and number of epochs its test error and AUROC per OOD set (%), with the paper's
+    test error and AUROC beside them (chapter *OOD detection*: is a gap the short training?)."""
+    folder = Path(root or REFERENCE_RESULTS) / "checks"
+    t1, t2 = paper_table("table1_adversarial_noise"), paper_table("table2_ood_auc")
+    rows = []
+    for path in sorted(folder.glob("epochs-*.json")):
+        check = json.loads(path.read_text())
+        paper, method = PAPER_DATASET.get(check["dataset"]), check["method"]
+        te = t1[(t1.dataset == paper) & (t1.method == method) & (t1.metric == TE)].value
+        auroc = t2[(t2.in_dataset == paper) & (t2.method == method)].set_index("ood_dataset")
+        runs = {f"{e} epochs": r for e, r in sorted(check["runs"].items(), key=lambda x: int(x[0]))}
+        for what, run in runs.items():
+            row = {"method": method, "run": f"{check['dataset']} ({check['profile']})"}
+            row["training"] = what
+            row[TE] = 100 * run[TEST_ERROR]
+            row |= {PAPER_OOD.get(k, k): 100 * v for k, v in run[AUROC].items()}
+            rows.append(row)
+        paper_row = {"method": method, "run": f"the paper ({paper})", "training": "100 epochs"}
+        paper_row[TE] = float(te.iloc[0]) if len(te) else np.nan
+        paper_row |= {k: float(auroc.value.get(k, np.nan)) for k in rows[-1] if k not in paper_row}
+        rows.append(paper_row)
     return pd.DataFrame(rows)

@@ -152,3 +152,13 @@ def test_the_attack_budget_checks_say_what_a_gap_is():
     assert oe.loc["50 x 500", "SR"] == 100.0 > oe.loc["5 x 100", "SR"]
     maha = checks[checks.method == "Maha"].set_index("budget (restarts x steps)")
     assert maha.loc["50 x 500", "SR"] == 0.0 and maha.loc["50 x 500", "paper SR"] == 100.0
+
+
+def test_the_epochs_checks_say_what_a_gap_is():
+    """The committed learning-curve check (tools/epochs_check.py) as the OOD detection chapter
+    shows it: EDL's AUROC on Uniform moves towards the paper's with more epochs."""
+    checks = report.epochs_checks()
+    edl = checks[checks.method == "EDL"].set_index("training")
+    assert list(edl.index) == ["10 epochs", "30 epochs", "100 epochs"]  # the last: the paper
+    ten, thirty, paper = (edl.loc[k, "Uniform"] for k in edl.index)
+    assert ten < thirty < paper
