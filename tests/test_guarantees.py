@@ -100,6 +100,11 @@ def test_the_committed_field_table_puts_ours_beside_good():
     saved = pd.read_csv(csv)
     assert len(saved) == len(t) and list(saved.method) == list(t.method)
     assert (saved.GAUC - t.GAUC).abs().max() < 0.01
+    shown = guarantees.field_display(t)  # GOOD's GAUC (ties lose) never in the ties-1/2 column
+    good_row = shown[(shown.method == "GOOD80") & (shown.ood_set == "FMNIST")].iloc[0]
+    assert np.isnan(good_row["GAUC, ties 1/2"]) and good_row["GAUC, ties lose"] == 55.5
+    ours_shown = shown[shown.source.str.startswith("ours")]
+    assert (ours_shown["GAUC, ties lose"] == ours.GAUC_strict).all()
     g = guarantees.committed_guarantees()["CCU mnist (cpu)"]
     assert g["field_eps_inf"] == 0.3 and "/work" not in json.dumps(g)
 
