@@ -103,9 +103,14 @@ def plot_rays(nearest, conf, num_classes: int, markers: dict | None = None, ax=N
     for r in range(nearest.shape[0]):
         ax.plot(nearest[r].numpy(), conf[r].numpy(), color="tab:blue", alpha=0.3, lw=1)
     ax.axhline(1 / num_classes, color="k", ls=":", label="1/M")
-    for label, (dist, level) in (markers or {}).items():
-        line = ax.axvline(dist, ls="--", lw=1, label=label)
-        ax.axhline(level, color=line.get_color(), ls="-.", lw=0.8)
+    # one colour and dash pattern per marker, its distance in the legend: markers at nearly
+    # the same distance (the median barely moves with eps) stay told apart where they overlap
+    colours = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+    dashes = ("--", (0, (6, 3)), (0, (2, 2)), (0, (8, 2, 2, 2)), (0, (1, 1)))
+    for k, (label, (dist, level)) in enumerate((markers or {}).items()):
+        colour, dash = colours[k % len(colours)], dashes[k % len(dashes)]
+        ax.axvline(dist, color=colour, ls=dash, lw=1.4, label=f"{label}: {dist:.3g}")
+        ax.axhline(level, color=colour, ls="-.", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel(rf"distance to the training set $\min_i d(z, x_i)$ ({DISTANCE_UNIT})")
     ax.set_ylabel(r"$\max_y \hat p(y|z)$")

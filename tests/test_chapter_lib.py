@@ -204,3 +204,15 @@ def test_glue_passes_numpy_scalars_as_python_numbers(monkeypatch):
     chapter_module.glue("n", np.int64(3))
     assert seen == {"x": 8.5, "n": 3}
     assert type(seen["x"]) is float and type(seen["n"]) is int
+
+
+def test_theorem1_markers_are_told_apart_where_they_overlap():
+    """The rays figure's markers (one per eps, at nearly the same distance) have a colour each
+    and their distance in the legend: three overlapping lines of one colour were unreadable."""
+    nearest = torch.logspace(-1, 6, 20).repeat(3, 1)
+    markers = {f"eps={e}": (100.0 + e, 0.1 + e / 10) for e in (0.01, 0.1, 1.0)}
+    ax = plots.plot_rays(nearest, torch.rand(3, 20), 10, markers)
+    vertical = [line for line in ax.lines if line.get_label().startswith("eps=")]
+    assert len({line.get_color() for line in vertical}) == 3
+    assert vertical[0].get_label() == "eps=0.01: 100"
+    plt.close(ax.figure)
