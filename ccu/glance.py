@@ -266,12 +266,15 @@ def every_run(root: Path | None = None) -> list[dict]:
 
 
 def profile_words(profile: str, epochs: int | None = None) -> str:
-    """A profile label in plain words, e.g. ``"reduced CPU profile, 10 epochs"``."""
+    """A profile label in plain words, e.g. ``"reduced profile 'cpu', 10 epochs"`` (the
+    profile is named for where it fits, a few CPU cores; its runs may come from a GPU)."""
     if profile == "paper":
         return "the paper's protocol, 100 epochs"
     if profile.startswith("paper-e"):
         return f"the paper's protocol cut to {profile[7:].split('-')[0]} epochs"
-    what = {"cpu": "reduced CPU profile", "smoke": "smoke test"}.get(profile, f"profile {profile}")
+    what = {"cpu": "reduced profile 'cpu'", "smoke": "smoke test"}.get(
+        profile, f"profile {profile}"
+    )
     return f"{what}, {epochs} epochs" if epochs else what
 
 

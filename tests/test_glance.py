@@ -117,6 +117,6 @@ def test_every_run_in_plain_words_with_the_papers_protocol_first(tmp_path):
     words = glance.runs_in_plain_words(tmp_path)
     assert words.index[0] == "the paper" and words.loc["the paper", "epochs"] == "100"
     (title,) = words.index[1:]
-    assert title.startswith("MNIST (stand-in: mnist-offline), reduced CPU profile")
+    assert title.startswith("MNIST (stand-in: mnist-offline), reduced profile 'cpu'")
     assert "8,000 train / 2,000 test" in words.loc[title, "data (train / test images)"]
     assert glance.profile_words("paper-e30") == "the paper's protocol cut to 30 epochs"
