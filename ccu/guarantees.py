@@ -413,8 +413,9 @@ def field_display(field):
     """:func:`field_table` as the chapter shows it: GOOD's published GAUC (ties lose, as GOOD
     counts them) only under "GAUC, ties lose", ours under both that and "GAUC, ties 1/2" (ties
     count one half, scikit-learn's): a ties-1/2 number never sits in GOOD's column."""
-    out = field[["source", "method", "ood_set", "eps_inf", "AUC"]].copy()
     good = field.source.str.startswith("GOOD")
+    out = field[["source", "method", "ood_set", "eps_inf", "AUC"]].copy()
+    out["source"] = out.source.where(~good, "GOOD")  # the paper is named in the caption
     out["GAUC, ties 1/2"] = field.GAUC.where(~good)
     out["GAUC, ties lose"] = field.GAUC_strict.where(~good, field.GAUC)
     out["network"] = field.network
