@@ -408,7 +408,7 @@ def plain_words_html(words: pd.DataFrame) -> str:
 GRID_TABLES = {
     "Table 1": "adversarial noise: test error, success rate and AUC of the attack (%)",
     "Table 2": "AUROC (%) per OOD set",
-    "AUPR": "AUPR (%), in-distribution positive, per OOD set",
+    "AUPR": "in-distribution positive, per OOD set (%)",
     "P_Stats": "CCU's lowest confidence on the in-distribution test set",
 }
 
