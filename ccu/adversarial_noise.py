@@ -28,6 +28,7 @@ from ccu.data import Dataset
 from ccu.experiment import RunResult, _cuda_devices, log, median, progress_bar
 from ccu.records import (
     ATTACK_BOUND_VIOLATIONS,
+    ATTACK_GRADIENT,
     ATTACK_KEY,
     ATTACK_ROW,
     ATTACK_SECONDS,
@@ -58,8 +59,14 @@ from ccu.records import (
 )
 from ccu.results import CorruptResultError
 
+#: Table 1's PGD steps: the raw whitened gradient, as the paper's attack (appendix "Attack
+#: details"; :func:`ccu.attacks.ball_attack`)
+TABLE1_GRADIENT = "raw"
 
-def attack_method(method, centres, radii, metric, steps, restarts, seed=0, batch_size=None):
+
+def attack_method(
+    method, centres, radii, metric, steps, restarts, seed=0, batch_size=None, gradient="raw"
+):
     """The adversarial-noise attack on one method: PGD in each ball on ``method.score``.
 
     ``radii`` are the certified radii (float64, no NaN): the attack's points lie exactly inside
@@ -67,9 +74,13 @@ def attack_method(method, centres, radii, metric, steps, restarts, seed=0, batch
     without a signed-gradient pre-processing), the balls are attacked on it too and, per centre, the
     point with the higher *true* score is kept. Stochastic scores draw from a generator seeded
     with ``seed``. ``batch_size``: iterates per score evaluation (``None``: sized to the device,
-    :func:`ccu.attacks.attack_batch_size`; the chapter *Adversarial noise*). Returns the
+    :func:`ccu.attacks.attack_batch_size`; the chapter *Adversarial noise*). ``gradient``: the
+    PGD step (:func:`ccu.attacks.ball_attack`; ``"raw"``, the paper's). Returns the
     ``AttackResult`` (scores are true scores) and the number of centres the surrogate won."""
-    attack = dict(metric=metric, steps=steps, restarts=restarts, seed=seed, batch_size=batch_size)
+    attack = dict(
+        metric=metric, steps=steps, restarts=restarts, seed=seed, batch_size=batch_size,
+        gradient=gradient,
+    )  # fmt: skip
     x0, rad = centres.to(method.device), radii.to(method.device, torch.float64)
     with torch.random.fork_rng(devices=_cuda_devices(method)):
         torch.manual_seed(seed)
@@ -158,11 +169,11 @@ class AdversarialResult:
 
 def attack_key(balls: Balls, config: dict, prof: Profile, seed: int) -> str:
     """What identifies one method's attack: the balls, the method's run (config key and files)
-    and the attack's budget and seed (the chunking is not part of it: it does not change the
-    attack); ``config``: the run's ``config.json``."""
+    and the attack's budget, step (:data:`TABLE1_GRADIENT`) and seed (the chunking is not part
+    of it: it does not change the attack); ``config``: the run's ``config.json``."""
     return digest(
         balls.key, store.config_key(config), config.get("files"), prof.attack_steps,
-        prof.attack_restarts, seed,
+        prof.attack_restarts, seed, TABLE1_GRADIENT,
     )  # fmt: skip
 
 
@@ -194,7 +205,7 @@ def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, att
     if len(centres):
         res, won = attack_method(
             m, centres, radii, balls.metric.to(m.device), prof.attack_steps,
-            prof.attack_restarts, seed, batch_size=attack_batch,
+            prof.attack_restarts, seed, batch_size=attack_batch, gradient=TABLE1_GRADIENT,
         )  # fmt: skip
         worst = res.score.detach().cpu().double().numpy()
         bad = np.flatnonzero(~np.isfinite(worst))
@@ -212,6 +223,7 @@ def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, att
             AUC: ev.strict_auc(test_scores, worst),
             MAX_DISTANCE_OVER_RADIUS: float(ratio.max()),
             SEEDS_WON_BY_SURROGATE: won,
+            ATTACK_GRADIENT: TABLE1_GRADIENT,
         }
     else:  # no certified ball: nothing to attack
         worst = np.zeros(0)

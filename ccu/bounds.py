@@ -443,7 +443,15 @@ def attack_certificates(
     twin = copy.deepcopy(model).float().eval()  # the forward pass an attacker would run
     x32 = x0.float()
     attack = ball_attack(
-        confidence_score(twin), x32, r, model.metric, steps, restarts, box=box, seed=seed
+        confidence_score(twin),
+        x32,
+        r,
+        model.metric,
+        steps,
+        restarts,
+        box=box,
+        seed=seed,
+        gradient="normalised",  # CCU's log-confidence is flat far out: unit steps still move
     )
     samples = sample_in_ball(x32, r, model.metric, n_samples, seed=seed, box=box)
     flat = samples.reshape(-1, *shape)

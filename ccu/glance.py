@@ -21,6 +21,7 @@ from ccu import report
 from ccu.data import REGISTRY
 from ccu.methods import METHOD_ORDER, ordered
 from ccu.records import (
+    ATTACK_GRADIENT,
     AUC,
     AUPR_IN,
     AUROC,
@@ -290,6 +291,17 @@ def run_title(run: dict) -> str:
     return f"{data}, {profile_words(run['profile'], prof.get('epochs'))}, on {device}"
 
 
+def attack_step_words(run: dict) -> str:
+    """How a run's Table 1 attack stepped (:data:`ccu.report.PGD_STEP_WORDS`): the rows of its
+    ``table1.json`` say it (``attack_gradient``); rows without it are from the earlier attack,
+    with unit steps; ``—`` for a run without Table 1."""
+    rows = run.get("table1", {}).get(METHODS, {})
+    if not rows:
+        return MISSING
+    steps = sorted({row.get(ATTACK_GRADIENT, "normalised") for row in rows.values()})
+    return "; ".join(report.PGD_STEP_WORDS.get(s, s) for s in steps)
+
+
 def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
     """One row per committed reference run, and the paper's protocol as the first row: the data
     (training / test images), epochs, training out-distribution, attack budget, ACET's inner
@@ -302,6 +314,7 @@ def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
             "epochs": str(PAPER_EPOCHS),
             "training out-distribution": PAPER_OUT,
             "attack (centres x restarts x steps)": " x ".join(map(str, PAPER_ATTACK)),
+            "attack's PGD step": report.PGD_STEP_WORDS["raw"],
             "ACET inner steps": str(PAPER_ACET_STEPS),
             "methods run": "all 11",
             "device": "GPU",
@@ -322,6 +335,7 @@ def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
             "epochs": str(prof.get("epochs", "?")),
             "training out-distribution": str(cfg.get("out_distribution", "?")),
             "attack (centres x restarts x steps)": " x ".join(map(str, attack)),
+            "attack's PGD step": attack_step_words(run),
             "ACET inner steps": str(prof.get("acet_steps", "?")) if "ACET" in methods else "—",
             "methods run": f"{len(methods)}: {', '.join(methods)}",
             "device": {"cpu": "CPU"}.get(provenance(run)["device"], provenance(run)["device"])

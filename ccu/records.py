@@ -81,6 +81,9 @@ TABLE1_METRICS = (TE, SR, AUC)
 MAX_DISTANCE_OVER_RADIUS = "max_distance_over_radius"
 #: centres whose worst point came from the method's attack surrogate
 SEEDS_WON_BY_SURROGATE = "seeds_won_by_surrogate"
+#: how the attack's PGD steps used the gradient (:data:`ccu.attacks.GRADIENTS`); a row without
+#: it is from the earlier attack, whose steps were unit directions ("normalised")
+ATTACK_GRADIENT = "attack_gradient"
 #: certified centres attacked, and the attack's wall time
 N_ATTACKED = "n_attacked"
 ATTACK_SECONDS = "attack_seconds"

@@ -19,6 +19,7 @@ from ccu.records import (
     AUC,
     AUROC,
     CERTIFICATE,
+    MAX_DISTANCE_OVER_RADIUS,
     MEAN_MAX_CONFIDENCE,
     MEDIAN_OWN_RADIUS,
     METHODS,
@@ -514,11 +515,20 @@ def theorem1_table(rows: list[dict]) -> pd.DataFrame:
     return table.set_index("eps")
 
 
+#: the attack's PGD step in words (``ccu.attacks.GRADIENTS``); a check without the field ran
+#: the earlier attack, with unit steps
+PGD_STEP_WORDS = {
+    "raw": "the paper's: step x gradient",
+    "normalised": "earlier: step x unit direction",
+}
+
+
 def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
     """The committed checks of ``tools/attack_budget_check.py`` (``reference-results/checks/``):
     per method and run, SR and AUC (%) of its worst points at each attack budget (restarts x
-    steps) on the same centres, beside the paper's Table 1 (chapter *Adversarial noise*: is a
-    gap to the paper the reduced attack, or the method?)."""
+    steps), PGD step (the paper's raw gradient or the earlier unit steps) and ball (the
+    certified one or a multiple of its radius) on the same centres, beside the paper's Table 1
+    (chapter *Adversarial noise*: is a gap to the paper the reduced attack, or the method?)."""
     folder = Path(root or REFERENCE_RESULTS) / "checks"
     t1 = paper_table("table1_adversarial_noise")
     rows = []
@@ -529,15 +539,43 @@ def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
         paper = PAPER_DATASET.get(check["dataset"])
         sel = t1[(t1.dataset == paper) & (t1.method == check["method"])].set_index("metric").value
         for budget, found in check["budgets"].items():
+            scale = found.get("radius_scale", 1.0)
             rows.append({
                 "method": check["method"],
-                "run": f"{check['dataset']} ({check['profile']})",
+                "run": f"{check['dataset']} ({check.get('method_profile', check['profile'])})",
                 "centres": check["n_centres"],
-                "budget (restarts x steps)": budget.replace("x", " x "),
+                "budget (restarts x steps)": budget.split()[0].replace("x", " x "),
+                "PGD step": PGD_STEP_WORDS[found.get("gradient", "normalised")],
+                "ball": "certified" if scale == 1 else f"{scale:g} x certified radius",
                 SR: 100 * found[SR],
                 AUC: 100 * found[AUC],
                 f"paper {SR}": sel.get(SR, np.nan),
                 f"paper {AUC}": sel.get(AUC, np.nan),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def projection_checks(root: Path | None = None) -> pd.DataFrame:
+    """The committed checks of ``tools/attack_projection_check.py`` (``reference-results/
+    checks/projection-*.json``): per method, SR (%) of our Table 1 attack and of the iteration
+    of the authors' released attack on the same centres, and where the released attack's points
+    lie (% outside the certified ball, largest distance over the radius; chapter *Adversarial
+    noise*: do the paper's points lie in the balls?)."""
+    folder = Path(root or REFERENCE_RESULTS) / "checks"
+    rows = []
+    for path in sorted(folder.glob("projection-*.json")):
+        check = json.loads(path.read_text())
+        for method, found in check[METHODS].items():
+            rel = found["released_style"]
+            rows.append({
+                "method": method,
+                "run": f"{check['dataset']} ({check['profile']})",
+                "centres": check["n_centres"],
+                "budget (restarts x steps)": check["budget"].replace("x", " x "),
+                f"ours {SR}": 100 * found["exact"][SR],
+                f"released attack {SR}": 100 * rel[SR],
+                "released points outside the ball (%)": 100 * rel["share_outside_ball"],
+                "largest distance / radius": rel[MAX_DISTANCE_OVER_RADIUS],
             })  # fmt: skip
     return pd.DataFrame(rows)
 

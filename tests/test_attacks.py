@@ -5,13 +5,16 @@ from helpers import random_metric
 import ccu
 
 
-def test_finds_the_maximiser_of_a_linear_score():
+@pytest.mark.parametrize("gradient", ["raw", "normalised"])
+def test_finds_the_maximiser_of_a_linear_score(gradient):
     gen = torch.Generator().manual_seed(0)
     metric = random_metric(gen, 5)
     a = torch.randn(5, generator=gen, dtype=torch.float64)
     x0 = torch.randn(3, 5, generator=gen, dtype=torch.float64)
     R = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
-    res = ccu.ball_attack(lambda x: x @ a, x0, R, metric, steps=200, restarts=2, box=None)
+    res = ccu.ball_attack(
+        lambda x: x @ a, x0, R, metric, steps=200, restarts=2, box=None, gradient=gradient
+    )
     C = metric.covariance()
     best = x0 @ a + R * torch.sqrt(a @ C @ a)  # max of <a, x> over the ellipsoid
     torch.testing.assert_close(res.score, best, rtol=1e-4, atol=1e-6)
@@ -41,6 +44,28 @@ def test_end_points_lie_in_ball_and_box(seed):
             metric.whiten((pts - x0[:, None]).reshape(-1, d)).norm(dim=1) <= R.repeat_interleave(50)
         ).all()
     )
+
+
+def test_a_step_is_the_raw_whitened_gradient_times_the_step_size_as_the_papers():
+    """The paper's PGD (appendix "Attack details"; the authors' released attack) steps by
+    ``step_size`` x the whitened gradient; the earlier attack took unit steps, which in MNIST's
+    balls (whitened radius ~1500) stayed near the seed and missed the paper's Maha points."""
+    gen = torch.Generator().manual_seed(1)
+    metric = random_metric(gen, 4)
+    a = torch.randn(4, generator=gen, dtype=torch.float64)
+    gw = a @ metric.unwhitening.double().T  # dS/dw of S(x) = <a, x>, x = x0 + unwhiten(w)
+    a = a * (10.0 / gw.norm())  # a whitened gradient of length 10
+    x0 = torch.zeros(1, 4, dtype=torch.float64)
+
+    def one_step(**kw):  # the first restart starts at the seed; one step, no box
+        res = ccu.ball_attack(lambda x: x @ a, x0, 1e6, metric, 1, 1, box=None, **kw)
+        return float(res.distance[0])
+
+    assert one_step() == pytest.approx(3 * 10.0)  # the default is the paper's raw step
+    assert one_step(gradient="raw", step_size=0.5) == pytest.approx(0.5 * 10.0)
+    assert one_step(gradient="normalised") == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="gradient must be one of"):
+        one_step(gradient="sign")
 
 
 def test_images_keep_their_shape_and_bad_inputs():

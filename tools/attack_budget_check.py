@@ -44,6 +44,18 @@ def _budget(text: str) -> tuple[int, int]:
     return restarts, steps
 
 
+def budget_key(restarts: int, steps: int, scale: float = 1.0, gradient: str = "raw") -> str:
+    """The JSON key of one attack: ``"50x500"`` in the certified balls with the paper's raw
+    gradient steps, ``"5x100 r1.5"`` in balls of 1.5 times the certified radius, ``"5x100
+    normalised"`` with unit steps (the earlier attack).
+
+    >>> budget_key(50, 500), budget_key(5, 100, 1.5), budget_key(5, 100, gradient="normalised")
+    ('50x500', '5x100 r1.5', '5x100 normalised')
+    """
+    key = f"{restarts}x{steps}" + ("" if scale == 1 else f" r{scale:g}")
+    return key + ("" if gradient == "raw" else f" {gradient}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="mnist-offline")
@@ -51,10 +63,29 @@ def main(argv=None) -> int:
     ap.add_argument("--method", default="Maha")
     ap.add_argument("--centres", type=int, default=20, help="the first N certified centres")
     ap.add_argument("--budget", type=_budget, nargs="+", default=[(5, 100), (50, 500)])
+    ap.add_argument(
+        "--radius-scale", type=float, nargs="+", default=[1.0],
+        help="attack in balls of these multiples of the certified radius too (1: the "
+        "certificate's ball; above 1 the balls reach beyond what CCU certifies, to ask whether "
+        "a larger ball, as a longer-trained CCU would certify, fools the method)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--gradient", nargs="+", default=["raw"], choices=["raw", "normalised"],
+        help="PGD steps: the raw whitened gradient (the paper's, Table 1's) and/or its unit "
+        "direction (the earlier attack)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--method-profile", type=json.loads, default={}, metavar="JSON",
+        help='overrides of the profile for the attacked method alone, e.g. \'{"epochs": 30}\' '
+        'or \'{"vgg_methods": ["GAN"]}\' (the paper\'s network): trained as its own run, '
+        "attacked in the same balls of the profile's CCU",
+    )  # fmt: skip
     ap.add_argument("--results", default=str(REPO / "results"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if any(s <= 0 for s in args.radius_scale):
+        ap.error("--radius-scale takes positive multiples of the certified radius, e.g. 1 1.5 2")
 
     import numpy as np
     import torch
@@ -71,7 +102,11 @@ def main(argv=None) -> int:
     data = run_data(args.dataset, prof)
     root = Path(args.results)
     ccu_run = run_method(args.dataset, "CCU", prof, device=args.device, data=data, root=root)
-    run = run_method(args.dataset, args.method, prof, device=args.device, data=data, root=root)
+    method_prof = get_profile(args.profile, args.dataset, **args.method_profile)
+    if method_prof.n_train != prof.n_train:
+        ap.error("--method-profile must not change n_train: the method and CCU share the data")
+    run = run_method(args.dataset, args.method, method_prof, device=args.device, data=data,
+                     root=root)  # fmt: skip
     directory = store.adversarial_dir(prof, args.dataset, root)
     with store.locked(directory, "the adversarial-noise experiment"):
         balls = ensure_balls("CCU", ccu_run, data, prof, 0, 1.1, directory)
@@ -87,6 +122,7 @@ def main(argv=None) -> int:
         "dataset": args.dataset,
         "profile": prof.label,
         "method": args.method,
+        "method_profile": method_prof.label,
         "n_centres": len(centres),
         "in_distribution": {
             "median_score": float(np.median(test)),
@@ -104,22 +140,26 @@ def main(argv=None) -> int:
         "torch_version": torch.__version__,
         "device": args.device,
     }
-    for restarts, steps in args.budget:
+    plan = [(g, s, b) for g in args.gradient for s in args.radius_scale for b in args.budget]
+    for gradient, scale, (restarts, steps) in plan:
+        key = budget_key(restarts, steps, scale, gradient)
         start = time.perf_counter()
-        res, won = attack_method(method, centres, radii, balls.metric.to(method.device), steps,
-                                 restarts, seed=0)  # fmt: skip
+        res, won = attack_method(method, centres, radii * scale,
+                                 balls.metric.to(method.device), steps, restarts, seed=0,
+                                 gradient=gradient)  # fmt: skip
         worst = res.score.detach().cpu().double().numpy()
-        out["budgets"][f"{restarts}x{steps}"] = {
+        out["budgets"][key] = {
             SR: ev.success_rate(worst, test),
             AUC: ev.strict_auc(test, worst),
             "max_worst_score": float(worst.max()),
             "median_worst_score": float(np.median(worst)),
             "centres_won_by_surrogate": won,
+            "radius_scale": scale,
+            "gradient": gradient,
             "seconds": time.perf_counter() - start,
         }
         print(f"{args.method} on {args.dataset} ({prof.label}), {len(centres)} centres, "
-              f"{restarts} x {steps}: {json.dumps(out['budgets'][f'{restarts}x{steps}'])}",
-              flush=True)  # fmt: skip
+              f"{key}: {json.dumps(out['budgets'][key])}", flush=True)  # fmt: skip
     if args.out:
         store.write_json(args.out, out)
     print(json.dumps({k: out[k] for k in ("in_distribution", "centres_unattacked")}))
