@@ -35,6 +35,8 @@ from ccu.records import (
 )
 
 TABLES = ("Table 1", "Table 2", "AUPR", "P_Stats")
+#: what a cell without a number shows
+MISSING = report.MISSING
 PAPER_DATASETS = ("MNIST", "FMNIST", "SVHN", "CIFAR10", "CIFAR100")
 
 
@@ -105,10 +107,10 @@ def _rows_ood(paper: str, ref: dict, table: str, metric: str, method: str) -> li
     t = report.paper_table("table2_ood_auc" if metric == AUROC else "table_aupr")
     t = t[(t.in_dataset == paper) & (t.method == method)]
     by_paper_name = {}
-    for method, m in ref["metrics"].items():
+    for name, m in ref["metrics"].items():
         record = Metrics.from_json(m)
         for ood in record.ood_sets():
-            by_paper_name[(report.PAPER_OOD.get(ood, ood), method)] = record.value(ood, metric)
+            by_paper_name[(report.PAPER_OOD.get(ood, ood), name)] = record.value(ood, metric)
     rows = []
     for _, r in t.iterrows():
         rows.append(
@@ -354,9 +356,6 @@ def _cell(ours, paper, count: bool = False) -> str:
         return f"{v:.0f}" if count else f"{v:.1f}"
 
     return f'{fmt(ours)}<br><span class="ccu-paper">{fmt(paper)}</span>'
-
-
-MISSING = report.MISSING
 
 
 def paper_grid(run: dict, table: str = "Table 1") -> pd.DataFrame:

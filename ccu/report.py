@@ -580,6 +580,40 @@ def projection_checks(root: Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def learning_curves(dataset: str, root: Path | None = None) -> pd.DataFrame:
+    """Is a committed run's test error the short training? Per method of every committed run on
+    ``dataset`` (e.g. ``cifar10-offline``), its training accuracy (%, on the augmented batches of
+    each epoch, from ``config.json``'s history) after the first, middle and last epoch, its test
+    accuracy and the paper's (100 - Table 1's TE). A training accuracy still rising at the last
+    epoch and level with the test accuracy says the network is under-trained, not over-fitted
+    nor broken (chapter *OOD detection*). Methods without training of their own (ODIN, Maha:
+    Base's network) are left out; an ensemble's history is its last member's."""
+    t1 = paper_table("table1_adversarial_noise")
+    rows = []
+    for name, ref in every_reference_run(root).items():
+        if ref["dataset"] != dataset:
+            continue
+        for method in ref["config"]:
+            cfg = ref["config"][method]
+            epochs = cfg.get("profile", {}).get("epochs")
+            acc = list(cfg.get("history", {}).get("accuracy", []))[-(epochs or 0) :]
+            if not epochs or len(acc) != epochs:
+                continue
+            te = Metrics.from_json(ref["metrics"][method]).test_error
+            paper_te = t1[(t1.dataset == PAPER_DATASET.get(dataset)) & (t1.method == method)
+                          & (t1.metric == TE)].value  # fmt: skip
+            rows.append({
+                "run": name,
+                "method": method,
+                "train acc. epoch 1": 100 * acc[0],
+                f"epoch {(epochs + 1) // 2}": 100 * acc[(epochs - 1) // 2],
+                f"epoch {epochs} (last)": 100 * acc[-1],
+                "test acc.": 100 * (1 - te) if te is not None else np.nan,
+                "paper's test acc.": 100 - float(paper_te.iloc[0]) if len(paper_te) else np.nan,
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def epochs_checks(root: Path | None = None) -> pd.DataFrame:
     """The committed checks of ``tools/epochs_check.py`` (``reference-results/checks/``): per
     method, run and number of epochs its test error and AUROC per OOD set (%), with the paper's

@@ -9,6 +9,6 @@ ruff check .
 ruff format --check .
 # shellcheck disable=SC2046
 nbstripout --verify $(python -c "$NBSTRIPOUT_ARGS") book/*.ipynb
-python -m pytest tests book/*.ipynb --nbval-lax -p no:cacheprovider "$@"
+python -m pytest tests book/*.ipynb --nbval-lax -p no:cacheprovider --durations=30 "$@"
 bash "$ROOT/ci/build_book.sh"
 python tools/check_book.py --report _build/check_book.json

@@ -34,7 +34,6 @@ def test_the_chapters_are_the_notebooks():
         "ood_detection",
         "adversarial_noise",
     }
-    assert not (ROOT / "tools" / "make_notebooks.py").exists(), "the notebooks are the source"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
