@@ -9,6 +9,8 @@
     ccu part      --dataset D --method M        one finished method as a reference part
     ccu tables    --dataset D [--seed S ...]    Table 1/2, AUPR, P_Stats: mean ± sd over seeds
     ccu reference --dataset D --seed S          copy one seed's results as reference results
+    ccu compare-densities --dataset D [--method CCU CCU-<family> ...]
+                                                density families side by side (own with --plugin)
     ccu run       --dataset D ... --method ...  all of the above, in one process
 
 ``ccu run --stop-after SECONDS`` time-boxes a run (a lent GPU's ten-minute call): it stops at the
@@ -281,12 +283,25 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
+def cmd_compare_densities(args) -> int:
+    from ccu.checks import profile
+    from ccu.density_comparison import compare_densities
+
+    prof = profile(args.profile, args.overrides, args.dataset)
+    out, table = compare_densities(args.dataset, args.method, prof, args.seed, _device(args),
+                                   _root(args), args.reference)  # fmt: skip
+    print(table.to_string())
+    _say(f"comparison written to {out}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser (:func:`ccu.cli_parser.build_parser`) with this module's commands."""
     commands = {
         "datasets": cmd_datasets, "methods": cmd_methods, "train": cmd_train,
         "evaluate": cmd_evaluate, "attack": cmd_attack, "balls": cmd_balls, "part": cmd_part,
         "tables": cmd_tables, "reference": cmd_reference, "run": cmd_run,
+        "compare-densities": cmd_compare_densities,
     }  # fmt: skip
     return cli_parser.build_parser(commands)
 

@@ -195,6 +195,29 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=commands["reference"])
 
+    p = sub.add_parser(
+        "compare-densities",
+        parents=[common],
+        help="CCU's density families side by side (yours with --plugin): train each, certify "
+        "noise balls with the first, attack all in them, check each one's own certificate",
+    )
+    one(p, "--dataset", "dataset", datasets)
+    p.add_argument(
+        "--method",
+        nargs="+",
+        default=["CCU", "CCU-diag"],
+        metavar="FAMILY",
+        help="CCU and CCU-<family> methods to compare (default: CCU CCU-diag)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="write to the tracked reference-results/densities/ (what the chapter shows) "
+        "instead of <results>/densities/",
+    )
+    p.set_defaults(func=commands["compare-densities"])
+
     p = sub.add_parser("run", parents=[common], help="train, evaluate, attack and tabulate")
     one(p, "--dataset", "dataset", datasets, many=True)
     one(p, "--method", "method", methods, many=True)

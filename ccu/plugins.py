@@ -2,7 +2,7 @@
 
 A family written with :func:`ccu.register_density` exists only in the process that imported its
 module. ``ccu ... --plugin MODULE`` (repeatable), the workflow's config key ``plugins`` and
-``tools/compare_densities.py --plugin`` import such modules first, so that ``CCU-<name>`` trains,
+``ccu compare-densities --plugin`` import such modules first, so that ``CCU-<name>`` trains,
 loads and is attacked from the command line too. ``MODULE`` is a module name importable from the
 current directory or ``PYTHONPATH`` (``my_densities``, ``pkg.densities``) or the path of a
 ``.py`` file (``densities/studentt.py``).

@@ -1,6 +1,6 @@
 """The reference-results format: one seed's small result files, committed under
 ``reference-results/<profile label>/<dataset>/`` so that the book can show a run without
-training it (``ccu reference``, ``ccu run --reference-out``, ``tools/compare_densities.py``).
+training it (``ccu reference``, ``ccu run --reference-out``, ``ccu compare-densities``).
 
 Per dataset folder::
 

@@ -1,21 +1,16 @@
-"""``tools/compare_densities.py``: its reference copy has the committed format (no machine
-paths, no checksum that the added provenance breaks) and bad input gets one line and a code."""
+"""``ccu compare-densities``: its reference copy has the committed format (no machine paths, no
+checksum that the added provenance breaks) and bad input gets one line and a code, as every
+``ccu`` subcommand's."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from helpers import MACHINE_PATH
 
 from ccu import reference_results
-from ccu.cli import EXIT_MISSING, EXIT_USAGE
+from ccu.cli import EXIT_MISSING, EXIT_USAGE, main
 from ccu.records import COMMIT, DEVICE, DEVICE_NAME, TORCH_VERSION, WALL_SECONDS_TOTAL
 from ccu.results import CONFIG_CHECKSUM
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import compare_densities  # noqa: E402
 
 
 def test_the_reference_writer_drops_machine_paths_and_the_checksum(tmp_path):
@@ -36,10 +31,10 @@ def test_the_reference_writer_drops_machine_paths_and_the_checksum(tmp_path):
 
 def test_compare_densities_reference_copy_has_the_committed_format(tmp_path, monkeypatch):
     monkeypatch.setattr(reference_results, "REFERENCE_RESULTS", tmp_path / "reference")
-    argv = ["--dataset", "digits", "--profile", "smoke", "--methods", "CCU", "CCU-diag",
-            "--results", str(tmp_path / "results"), "--threads", "1", "--device", "cpu",
-            "--reference"]  # fmt: skip
-    assert compare_densities.main(argv) == 0
+    argv = ["compare-densities", "--dataset", "digits", "--profile", "smoke", "--method", "CCU",
+            "CCU-diag", "--results", str(tmp_path / "results"), "--threads", "1", "--device",
+            "cpu", "--reference", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
     out = tmp_path / "reference" / "densities" / "smoke" / "digits"
     for path in sorted(out.iterdir()):
         assert not MACHINE_PATH.findall(path.read_text()), f"{path.name} records machine paths"
@@ -56,16 +51,16 @@ def test_compare_densities_reference_copy_has_the_committed_format(tmp_path, mon
 @pytest.mark.parametrize(
     "argv, code, says",
     [
-        (["--methods", "CCU", "no-such-method"], EXIT_USAGE, "no-such-method"),
-        (["--overrides", "[1, 2]"], EXIT_USAGE, "--overrides must be a JSON object"),
+        (["--method", "CCU", "no-such-method"], EXIT_USAGE, "no-such-method"),
+        (["--overrides", "[1, 2]"], EXIT_USAGE, "overrides"),
         (["--overrides", '{"epochs": -1}'], EXIT_USAGE, "epochs"),
         (["--profile", "no-such-profile"], EXIT_USAGE, "no-such-profile"),
         (["--plugin", "no_such_plugin_module"], EXIT_MISSING, "no_such_plugin_module"),
     ],
 )
 def test_bad_input_gets_one_line_and_an_exit_code(argv, code, says, capsys, tmp_path):
-    argv = ["--dataset", "digits", "--profile", "smoke", *argv, "--results", str(tmp_path)]
-    assert compare_densities.main(argv) == code
+    argv = ["compare-densities", "--dataset", "digits", "--profile", "smoke", *argv]
+    assert main([*argv, "--results", str(tmp_path)]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("[ccu] error:") and says in err[0], err
     assert not any(tmp_path.iterdir()), "nothing is written for bad input"
