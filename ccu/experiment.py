@@ -23,7 +23,7 @@ from tqdm.std import tqdm
 
 from ccu import evaluate as ev
 from ccu import results as store
-from ccu.config import Profile, get_profile, train_settings
+from ccu.config import Profile, get_profile
 from ccu.data import DataNotFoundError, Dataset, load_dataset, load_ood
 from ccu.density_check import UnsoundDensityError
 from ccu.methods import Method, get_method
@@ -105,11 +105,24 @@ def run_method(
     if options is None:
         options = TrainerOptions(precision, channels_last, compile)
     spec = RunSpec(dataset, method, prof, seed, device, options)
-    settings = train_settings(dataset)
+    return run_spec(spec, data, retrain, root, ood_seed, on_epoch_end)
+
+
+def run_spec(
+    spec: RunSpec, data: Dataset | None = None, retrain: bool = False, root=None,
+    ood_seed: int = 1, on_epoch_end=None,
+) -> RunResult:  # fmt: skip
+    """:func:`run_method` for the run ``spec`` names, passed whole (what the steps of
+    :mod:`ccu.steps` and ``ccu`` call): its dataset, method, profile, seed, device and trainer
+    options; the dataset's settings come from the data's record (``data.spec.settings``)."""
+    dataset, method, prof, seed, device = (
+        spec.dataset, spec.method, spec.profile, spec.seed, spec.device
+    )  # fmt: skip
     if data is None:
         data = run_data(dataset, prof, seed)
     cls = get_method(method)
-    m = cls(data.spec, settings, prof, seed=seed, device=device, **options.as_kwargs())
+    m = cls(data.spec, data.spec.settings, prof, seed=seed, device=device,
+            **spec.options.as_kwargs())  # fmt: skip
     files = store.MethodStore(store.method_dir(prof, dataset, method, root, seed))
     config = spec.config(data, m)
     with store.locked(files.directory, f"{method} on {dataset}"):
@@ -134,10 +147,8 @@ def run_method(
         start = time.perf_counter()
         on_epoch_end = _epoch_log(f"{method} on {dataset}", start, on_epoch_end)
         if cls.needs_base:  # ODIN, Maha: post-hoc methods on top of the trained Base
-            base = run_method(
-                dataset, "Base", prof, seed, device, data=data, root=root, ood_seed=ood_seed,
-                options=options, on_epoch_end=on_epoch_end,
-            )  # fmt: skip
+            base = run_spec(spec.with_method("Base"), data, root=root, ood_seed=ood_seed,
+                            on_epoch_end=on_epoch_end)  # fmt: skip
             m.build_from_base(base.method, data)
         elif not m.build_for_resume(files.checkpoint):  # resuming: no refit of what it will load
             m.build(data)
@@ -196,7 +207,7 @@ def train_member(spec: RunSpec, member: int, data: Dataset | None = None, root=N
         raise UsageError(f"--member: {spec.method} has no members trained apart (DE has).")
     if data is None:
         data = run_data(spec.dataset, prof, spec.seed)
-    m = cls(data.spec, train_settings(spec.dataset), prof, seed=spec.seed, device=spec.device,
+    m = cls(data.spec, data.spec.settings, prof, seed=spec.seed, device=spec.device,
             **spec.options.as_kwargs())  # fmt: skip
     if not 0 <= member < prof.ensemble:
         raise UsageError(f"--member must be in 0..{prof.ensemble - 1} (the profile's ensemble).")

@@ -206,13 +206,12 @@ class RunSpec:
         import torch
 
         from ccu._version import __version__
-        from ccu.data.registry import get_spec  # the dataset's record holds its settings
 
         out = {
             "dataset": self.dataset,
             "method": self.method,
             "profile": self.profile.as_dict(),
-            "settings": asdict(get_spec(self.dataset).settings),
+            "settings": asdict(data.spec.settings),  # the dataset's record holds them
             "seed": self.seed,
             "ccu_version": __version__,
             "torch_version": torch.__version__,

@@ -66,10 +66,7 @@ def device_name(device: str) -> str:
 def _run(spec: RunSpec, root=None, data=None, on_epoch_end=None):
     from ccu import experiment
 
-    return experiment.run_method(
-        spec.dataset, spec.method, spec.profile, spec.seed, spec.device, data=data, root=root,
-        options=spec.options, on_epoch_end=on_epoch_end,
-    )  # fmt: skip
+    return experiment.run_spec(spec, data, root=root, on_epoch_end=on_epoch_end)
 
 
 def train_one(spec: RunSpec, root=None, data=None, on_epoch_end=None) -> dict:

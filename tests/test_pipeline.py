@@ -158,3 +158,31 @@ def test_a_checkpoint_of_another_configuration_is_not_resumed(tmp_path):
     # a different configuration must start over, not resume (or choke on) the old checkpoint
     run = experiment.run_method("digits", "Base", three, data=data, root=tmp_path)
     assert not run.loaded and len(run.config["history"]["loss"]) == 3
+
+
+def test_the_run_record_travels_whole_from_the_cli_to_the_trainer(tmp_path, monkeypatch):
+    """``ccu train`` builds one :class:`ccu.records.RunSpec`; the steps hand that very object to
+    :func:`ccu.experiment.run_spec`, which hands Base's run of a post-hoc method the same
+    record with its method changed (:meth:`RunSpec.with_method`): nothing splits it into loose
+    arguments and rebuilds it on the way (the issue: 9 arguments, then 14 parameters)."""
+    from ccu import cli, steps
+
+    seen = []
+    real = experiment.run_spec
+
+    def spy(spec, *args, **kwargs):
+        seen.append(spec)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(experiment, "run_spec", spy)
+    made = []
+    real_train_one = steps.train_one
+    monkeypatch.setattr(steps, "train_one", lambda spec, *a, **k: made.append(spec)
+                        or real_train_one(spec, *a, **k))  # fmt: skip
+    argv = ["train", "--dataset", "digits", "--method", "ODIN", "--profile", "smoke",
+            "--overrides", '{"epochs": 1}', "--results", str(tmp_path), "--device", "cpu",
+            "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert len(made) == 1 and seen[0] is made[0]  # the CLI's record itself, not a copy
+    assert [s.method for s in seen] == ["ODIN", "Base"]
+    assert seen[1] == made[0].with_method("Base")
