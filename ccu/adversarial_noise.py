@@ -25,7 +25,7 @@ from ccu.balls import Balls, certify_balls, digest
 from ccu.bounds import certified_mask, certified_radius, check_certificate, confidence_bound
 from ccu.config import Profile, get_profile
 from ccu.data import Dataset
-from ccu.experiment import RunResult, _cuda_devices, log, median, progress_bar
+from ccu.experiment import RunResult, cuda_devices, log, median, progress_bar
 from ccu.records import (
     ATTACK_BOUND_VIOLATIONS,
     ATTACK_GRADIENT,
@@ -82,7 +82,7 @@ def attack_method(
         gradient=gradient,
     )  # fmt: skip
     x0, rad = centres.to(method.device), radii.to(method.device, torch.float64)
-    with torch.random.fork_rng(devices=_cuda_devices(method)):
+    with torch.random.fork_rng(devices=cuda_devices(method)):
         torch.manual_seed(seed)
         res = ball_attack(method.score, x0, rad, **attack)
         surrogate = method.attack_surrogate()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ccu.density import DensityModel
-from ccu.results import CorruptResultError
+from ccu.errors import CorruptResultError
 from ccu.validation import as_tensor, check_batch
 
 

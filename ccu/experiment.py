@@ -233,7 +233,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
 
     Stochastic scores (MCD's dropout passes) draw from a generator seeded with ``ood_seed``, so a
     resumed run scores exactly as an uninterrupted one."""
-    with torch.random.fork_rng(devices=_cuda_devices(method)):
+    with torch.random.fork_rng(devices=cuda_devices(method)):
         torch.manual_seed(ood_seed)
         test = method.evaluate(data.test_x)
     store.check_scores(method.name, f"the {data.name} test set", test["score"].numpy())
@@ -251,7 +251,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
         except DataNotFoundError as exc:
             ood[name] = Metrics.skipped_entry(str(exc).splitlines()[0])
             continue
-        with torch.random.fork_rng(devices=_cuda_devices(method)):
+        with torch.random.fork_rng(devices=cuda_devices(method)):
             torch.manual_seed(ood_seed)
             res = method.evaluate(x)
         store.check_scores(method.name, f"the OOD set {name}", res["score"].numpy())
@@ -273,5 +273,7 @@ def score_sets(method, data: Dataset, ood_seed: int = 1):
     return scores, metrics.to_json()
 
 
-def _cuda_devices(method) -> list:
+def cuda_devices(method) -> list:
+    """The CUDA devices whose random state a seeded step of ``method`` forks
+    (``torch.random.fork_rng(devices=...)``): its own, or none on the CPU."""
     return [method.device] if method.device.type == "cuda" else []

@@ -61,6 +61,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from ccu.data.sources import sha256
+from ccu.errors import CorruptResultError
 from ccu.settings import TRAINING_FIELDS, current_fields
 
 RESULTS_ROOT = Path(os.environ.get("CCU_RESULTS", Path(__file__).resolve().parents[1] / "results"))
@@ -136,10 +137,6 @@ def attack_files(directory: Path, method: str) -> tuple[Path, Path]:
     points and scores): one method's finished attack in an adversarial folder."""
     directory = Path(directory)
     return directory / f"attack.{method}.json", directory / f"attack.{method}.npz"
-
-
-class CorruptResultError(ValueError):
-    """A result file cannot be read or does not match the config that vouches for it."""
 
 
 class UnusableScoresError(CorruptResultError):
