@@ -9,6 +9,7 @@ ruff check .
 ruff format --check .
 # shellcheck disable=SC2046
 nbstripout --verify $(python -c "$NBSTRIPOUT_ARGS") book/*.ipynb
-python -m pytest tests book/*.ipynb --nbval-lax -p no:cacheprovider --durations=30 "$@"
+# two workers (pytest-xdist), one torch thread each; a chapter's cells stay on one worker
+python -m pytest tests book/*.ipynb --nbval-lax -p no:cacheprovider -n 2 --dist loadfile --durations=30 "$@"
 bash "$ROOT/ci/build_book.sh"
 python tools/check_book.py --report _build/check_book.json
