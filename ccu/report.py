@@ -523,12 +523,25 @@ PGD_STEP_WORDS = {
 }
 
 
+def trained_words(overrides: dict) -> str:
+    """How a check's method was trained apart from its run's profile, in words for its table
+    cell (``tools/attack_budget_check.py --method-profile``).
+
+    >>> trained_words({}), trained_words({"epochs": 30}), trained_words({"vgg_methods": ["GAN"]})
+    ('', ' (30 epochs)', ' (VGG13)')
+    """
+    words = [f"{v} epochs" if k == "epochs" else "VGG13" if k == "vgg_methods" else f"{k} {v}"
+             for k, v in overrides.items()]  # fmt: skip
+    return f" ({', '.join(words)})" if words else ""
+
+
 def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
     """The committed checks of ``tools/attack_budget_check.py`` (``reference-results/checks/``):
     per method and run, SR and AUC (%) of its worst points at each attack budget (restarts x
     steps), PGD step (the paper's raw gradient or the earlier unit steps) and ball (the
     certified one or a multiple of its radius) on the same centres, beside the paper's Table 1
-    (chapter *Adversarial noise*: is a gap to the paper the reduced attack, or the method?)."""
+    (chapter *Adversarial noise*: is a gap to the paper the reduced attack, or the method?). A
+    method trained apart from its run's profile says how (:func:`trained_words`)."""
     folder = Path(root or REFERENCE_RESULTS) / "checks"
     t1 = paper_table("table1_adversarial_noise")
     rows = []
@@ -541,8 +554,8 @@ def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
         for budget, found in check["budgets"].items():
             scale = found.get("radius_scale", 1.0)
             rows.append({
-                "method": check["method"],
-                "run": f"{check['dataset']} ({check.get('method_profile', check['profile'])})",
+                "method": check["method"] + trained_words(check.get("method_overrides", {})),
+                "run": f"{check['dataset']} ({check['profile']})",
                 "centres": check["n_centres"],
                 "budget (restarts x steps)": budget.split()[0].replace("x", " x "),
                 "PGD step": PGD_STEP_WORDS[found.get("gradient", "normalised")],

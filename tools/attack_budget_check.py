@@ -123,6 +123,7 @@ def main(argv=None) -> int:
         "profile": prof.label,
         "method": args.method,
         "method_profile": method_prof.label,
+        "method_overrides": args.method_profile,
         "n_centres": len(centres),
         "in_distribution": {
             "median_score": float(np.median(test)),
