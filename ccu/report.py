@@ -565,7 +565,13 @@ def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
                 f"paper {SR}": sel.get(SR, np.nan),
                 f"paper {AUC}": sel.get(AUC, np.nan),
             })  # fmt: skip
-    return pd.DataFrame(rows)
+    # one method's checks together, its larger sample first (files are read by name)
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    return table.sort_values(
+        ["method", "centres"], ascending=[True, False], kind="stable"
+    ).reset_index(drop=True)
 
 
 def projection_checks(root: Path | None = None) -> pd.DataFrame:
