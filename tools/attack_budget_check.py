@@ -56,6 +56,23 @@ def budget_key(restarts: int, steps: int, scale: float = 1.0, gradient: str = "r
     return key + ("" if gradient == "raw" else f" {gradient}")
 
 
+def certified_balls(dataset: str, prof, device: str, root: Path, n: int):
+    """The data of a run of ``prof`` on ``dataset``, its CCU's certified noise balls (trained,
+    certified and saved as Table 1's, or loaded) and the first ``n`` certified centres with
+    their radii (float64): what every check of this kind attacks in. Returns
+    ``(data, balls, centres, radii)``."""
+    from ccu import results as store
+    from ccu.adversarial_noise import ensure_balls
+    from ccu.experiment import run_data, run_method
+
+    data = run_data(dataset, prof)
+    ccu_run = run_method(dataset, "CCU", prof, device=device, data=data, root=root)
+    directory = store.adversarial_dir(prof, dataset, root)
+    with store.locked(directory, "the adversarial-noise experiment"):
+        balls = ensure_balls("CCU", ccu_run, data, prof, 0, 1.1, directory)
+    return data, balls, balls.centres[balls.ok][:n], balls.radii[balls.ok][:n].double()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="mnist-offline")
@@ -92,27 +109,21 @@ def main(argv=None) -> int:
 
     from ccu import evaluate as ev
     from ccu import results as store
-    from ccu.adversarial_noise import attack_method, ensure_balls
+    from ccu.adversarial_noise import attack_method
     from ccu.config import get_profile
-    from ccu.experiment import run_data, run_method
+    from ccu.experiment import run_method
     from ccu.records import AUC, SR
     from ccu.reference_results import current_commit
 
     prof = get_profile(args.profile, args.dataset)
-    data = run_data(args.dataset, prof)
     root = Path(args.results)
-    ccu_run = run_method(args.dataset, "CCU", prof, device=args.device, data=data, root=root)
+    data, balls, centres, radii = certified_balls(args.dataset, prof, args.device, root,
+                                                  args.centres)  # fmt: skip
     method_prof = get_profile(args.profile, args.dataset, **args.method_profile)
     if method_prof.n_train != prof.n_train:
         ap.error("--method-profile must not change n_train: the method and CCU share the data")
     run = run_method(args.dataset, args.method, method_prof, device=args.device, data=data,
                      root=root)  # fmt: skip
-    directory = store.adversarial_dir(prof, args.dataset, root)
-    with store.locked(directory, "the adversarial-noise experiment"):
-        balls = ensure_balls("CCU", ccu_run, data, prof, 0, 1.1, directory)
-    ok = balls.ok
-    centres = balls.centres[ok][: args.centres]
-    radii = balls.radii[ok][: args.centres]
     test = run.scores["test"]
     method = run.method
     method.model.eval()

@@ -61,7 +61,7 @@ def released_style_attack(score_fn, x0, radius, metric, steps, restarts, step_si
     n, shape = x0.shape[0], x0.shape[1:]
     flat0 = x0.reshape(n, -1)
     rad = torch.as_tensor(radius, dtype=flat0.dtype, device=flat0.device).reshape(n, 1)
-    unwhiten = metric._matrix("unwhitening", flat0)
+    unwhiten = metric.unwhitening.to(flat0)
     gen = torch.Generator().manual_seed(seed)
 
     def score_and_grad(w):
@@ -103,7 +103,7 @@ def released_style_attack(score_fn, x0, radius, metric, steps, restarts, step_si
 
 
 def main(argv=None) -> int:
-    from attack_budget_check import _budget
+    from attack_budget_check import _budget, certified_balls
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="mnist-offline")
@@ -121,22 +121,18 @@ def main(argv=None) -> int:
 
     from ccu import evaluate as ev
     from ccu import results as store
-    from ccu.adversarial_noise import attack_method, ensure_balls
+    from ccu.adversarial_noise import attack_method
     from ccu.attacks import project_exact
     from ccu.config import get_profile
-    from ccu.experiment import run_data, run_method
+    from ccu.experiment import run_method
     from ccu.records import AUC, MAX_DISTANCE_OVER_RADIUS, METHODS, SR
     from ccu.reference_results import current_commit
 
     prof = get_profile(args.profile, args.dataset)
-    data = run_data(args.dataset, prof)
     root = Path(args.results)
-    ccu_run = run_method(args.dataset, "CCU", prof, device=args.device, data=data, root=root)
-    directory = store.adversarial_dir(prof, args.dataset, root)
-    with store.locked(directory, "the adversarial-noise experiment"):
-        balls = ensure_balls("CCU", ccu_run, data, prof, 0, 1.1, directory)
-    centres = balls.centres[balls.ok][: args.centres].to(args.device)
-    radii = balls.radii[balls.ok][: args.centres].to(args.device, torch.float64)
+    data, balls, centres, radii = certified_balls(args.dataset, prof, args.device, root,
+                                                  args.centres)  # fmt: skip
+    centres, radii = centres.to(args.device), radii.to(args.device)
     metric = balls.metric.to(args.device)
     restarts, steps = args.budget
     out = {
