@@ -47,12 +47,12 @@ import torch.nn.functional as F
 from torchvision.transforms import v2 as T
 
 import ccu
+from ccu.core.model import CCU
 from ccu.data import Dataset, get_spec
 from ccu.data.augment import Augmentation
 from ccu.data.batches import PairedLoader, epoch_indices
-from ccu.model import CCU
-from ccu.results import write_json
-from ccu.train import make_optimizer
+from ccu.methods.training import make_optimizer
+from ccu.store.results import write_json
 
 NETWORKS = {  # network: (dataset record for shape/augmentation/settings, in-set size)
     "lenet": ("mnist", 60_000),

@@ -37,7 +37,7 @@ ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE",
 def device_label(device: str) -> str:
     import torch
 
-    from ccu.steps import device_name
+    from ccu.run.steps import device_name
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,7 +76,7 @@ def main(argv=None) -> dict:
     overrides = json.loads(args.overrides) if args.overrides else None
     import torch
 
-    from ccu.results import write_json
+    from ccu.store.results import write_json
 
     env = dict(os.environ, DEVICE=args.device, THREADS=str(args.threads), PROFILE=args.profile,
                OVERRIDES=json.dumps(overrides) if overrides else "", HARD_LIMIT="100000")  # fmt: skip

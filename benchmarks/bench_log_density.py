@@ -42,18 +42,18 @@ from ccu.data import load_dataset
 def distances(variant: str):
     """Run the library's mixtures with the expansion (``"expansion"``, as shipped) or with
     direct differences (``"direct"``)."""
-    import ccu.density as density
+    import ccu.core.gmm as gmm
 
-    original = density.squared_distances
+    original = gmm.squared_distances
 
     def direct(a, b):
         return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist").square()
 
-    density.squared_distances = original if variant == "expansion" else direct
+    gmm.squared_distances = original if variant == "expansion" else direct
     try:
         yield
     finally:
-        density.squared_distances = original
+        gmm.squared_distances = original
 
 
 def fit_model(data, k: int, n_fit: int, seed: int) -> ccu.CCU:

@@ -19,7 +19,7 @@ import time
 import torch
 
 import ccu
-from ccu.losses import ccu_loss
+from ccu.core.losses import ccu_loss
 
 
 def _median_time(fn, repeats):

@@ -3,10 +3,11 @@
 The book in ``book/`` explains every piece; docstrings name the chapter.
 """
 
-import ccu.methods  # noqa: F401 - registers the methods (ccu.config imports it too)
+import ccu.methods  # noqa: F401 - registers the methods (ccu.run.config imports it too)
+from ccu import _moved
 from ccu._version import __version__  # noqa: F401 - ccu.__version__
-from ccu.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
-from ccu.bounds import (
+from ccu.core.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
+from ccu.core.bounds import (
     CertificateAttack,
     CertificateCheck,
     Theorem1Terms,
@@ -21,30 +22,30 @@ from ccu.bounds import (
     theorem1_distance,
     theorem1_terms,
 )
-from ccu.config import PROFILES, Profile, TrainSettings, get_profile, train_settings
-from ccu.density import (
+from ccu.core.density import (
     DENSITY_FAMILIES,
     BallBounds,
     DensityModel,
-    GaussianMixture,
     get_density_family,
     register_density,
 )
-from ccu.diag_gmm import DiagonalGaussianMixture
-from ccu.initialisation import init_ccu
-from ccu.losses import ccu_loss, uniform_cross_entropy
-from ccu.lp import (
+from ccu.core.diag_gmm import DiagonalGaussianMixture
+from ccu.core.gmm import GaussianMixture
+from ccu.core.initialisation import init_ccu
+from ccu.core.losses import ccu_loss, uniform_cross_entropy
+from ccu.core.lp import (
     guaranteed_auc,
     inner_lp_radius,
     lp_confidence_bound,
     lp_norm_factor,
     mahalanobis_radius,
 )
+from ccu.core.metric import Mahalanobis
+from ccu.core.model import CCU, ConstraintError, TheoremNotApplicable
+from ccu.core.nets import MLP, LeNet, make_classifier
 from ccu.methods.base import BaseMethod, Method, register_method
-from ccu.metric import Mahalanobis
-from ccu.model import CCU, ConstraintError, TheoremNotApplicable
-from ccu.nets import MLP, LeNet, make_classifier
-from ccu.train import Trainer, accuracy
+from ccu.methods.training import Trainer, accuracy
+from ccu.run.config import PROFILES, Profile, TrainSettings, get_profile, train_settings
 
 __all__ = [
     "CCU",
@@ -103,7 +104,10 @@ def __getattr__(name: str):
     # ``ccu.setup_chapter``: the chapters' one-call setup, imported on first use (it loads the
     # data layer and plotting, which plain ``import ccu`` does not need)
     if name == "setup_chapter":
-        from ccu.chapter import setup_chapter
+        from ccu.book.chapter import setup_chapter
 
         return setup_chapter
     raise AttributeError(f"module 'ccu' has no attribute {name!r}")
+
+
+_moved.install()  # the modules' old names (CHANGELOG.md), with a warning

@@ -15,15 +15,15 @@
 
 ``ccu run --stop-after SECONDS`` time-boxes a run (a lent GPU's ten-minute call): it stops at the
 next safe point once the time is nearly used (between methods, before the attack, after a saved
-epoch; :mod:`ccu.deadline`) with exit code 75, and the same command run again continues where it
+epoch; :mod:`ccu.run.deadline`) with exit code 75, and the same command run again continues where it
 stopped. ``--budget-seconds`` is different: the methods left when it runs out are skipped for
 good (listed as ``skipped_for_time``).
 
-This module parses and dispatches only: the steps are :mod:`ccu.steps` (over a
-:class:`ccu.records.RunSpec`), the reference copy :mod:`ccu.reference_results`, the checks made
-before any work :mod:`ccu.checks`. The Snakemake workflow (``workflow/Snakefile``) calls these
+This module parses and dispatches only: the steps are :mod:`ccu.run.steps` (over a
+:class:`ccu.store.records.RunSpec`), the reference copy :mod:`ccu.store.reference_results`, the checks made
+before any work :mod:`ccu.run.checks`. The Snakemake workflow (``workflow/Snakefile``) calls these
 commands, one job per (dataset, method, seed). Results go to ``--results`` (default
-``CCU_RESULTS`` or ``results/``, see :mod:`ccu.results`). Exit codes: see :data:`EXIT_CODES`.
+``CCU_RESULTS`` or ``results/``, see :mod:`ccu.store.results`). Exit codes: see :data:`EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import sys
 from pathlib import Path
 
 from ccu import cli_parser
-from ccu.checks import MissingError, UsageError, check_arguments, names
 from ccu.cli_parser import (  # noqa: F401 - the exit codes, part of this API (tools/ use them)
     EXIT_CODES,
     EXIT_CORRUPT,
@@ -43,6 +42,7 @@ from ccu.cli_parser import (  # noqa: F401 - the exit codes, part of this API (t
     EXIT_STOPPED,
     EXIT_USAGE,
 )
+from ccu.run.checks import MissingError, UsageError, check_arguments, names
 
 #: what a run stopped by --stop-after says last (the device script looks for exit code 75)
 STOPPED_MESSAGE = "stopped for time; run the same command again to continue"
@@ -57,7 +57,7 @@ def _device(args) -> str:
     """``auto``: CUDA when available. With ``--gpu-slots DIR`` a CUDA job first takes a free GPU
     of this machine (before CUDA is initialised, so that ``CUDA_VISIBLE_DEVICES`` applies)."""
     if args.gpu_slots and args.device != "cpu" and getattr(args, "_slot", None) is None:
-        from ccu import gpuslots
+        from ccu.run import gpuslots
 
         try:  # held until exit
             args._slot = gpuslots.assign(
@@ -78,9 +78,9 @@ def _device(args) -> str:
 
 
 def _spec(args, device=True, dataset=None, seed=None):
-    """The :class:`ccu.records.RunSpec` the flags name (``device=False``: not resolved yet)."""
-    from ccu.checks import profile
-    from ccu.records import RunSpec, TrainerOptions
+    """The :class:`ccu.store.records.RunSpec` the flags name (``device=False``: not resolved yet)."""
+    from ccu.run.checks import profile
+    from ccu.store.records import RunSpec, TrainerOptions
 
     prof = profile(args.profile, args.overrides, dataset or args.dataset)
     options = TrainerOptions(args.precision, args.channels_last, args.compile)
@@ -121,12 +121,12 @@ def cmd_methods(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from ccu import steps
-    from ccu.records import LOADED, SECONDS, TEST_ERROR
+    from ccu.run import steps
+    from ccu.store.records import LOADED, SECONDS, TEST_ERROR
 
     spec = _spec(args)
     if args.member is not None:  # one member of an ensemble, in a lane of its own
-        from ccu.experiment import train_member
+        from ccu.run.experiment import train_member
 
         if args.stop_after is not None:
             raise UsageError("--member and --stop-after do not mix: a member trains to its end.")
@@ -153,8 +153,9 @@ def cmd_train(args) -> int:
 def cmd_evaluate(args) -> int:
     from dataclasses import replace
 
-    from ccu import guarantees, steps
-    from ccu.records import AUPR_IN, AUROC, FPR95, Metrics
+    from ccu.report import guarantees
+    from ccu.run import steps
+    from ccu.store.records import AUPR_IN, AUROC, FPR95, Metrics
 
     spec = _spec(args, device=False)
     out = steps.evaluate_one(spec, _root(args))
@@ -181,8 +182,8 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_balls(args) -> int:
-    from ccu import steps
-    from ccu.records import BALLS_FROM, AttackSummary
+    from ccu.run import steps
+    from ccu.store.records import BALLS_FROM, AttackSummary
 
     spec = _spec(args)
     balls = steps.balls_dataset(spec, _root(args))
@@ -197,8 +198,9 @@ def cmd_balls(args) -> int:
 
 
 def cmd_attack(args) -> int:
-    from ccu import report, steps
-    from ccu.records import AUC, SR, TE, AttackSummary
+    from ccu.report import tables as report
+    from ccu.run import steps
+    from ccu.store.records import AUC, SR, TE, AttackSummary
 
     spec = _spec(args)
     methods = args.method or steps.trained_methods(spec, _root(args))
@@ -223,8 +225,8 @@ def cmd_attack(args) -> int:
 
 
 def cmd_tables(args) -> int:
-    from ccu import aggregate
-    from ccu.checks import profile
+    from ccu.report import aggregate
+    from ccu.run.checks import profile
 
     for dataset in args.dataset:
         out = args.out and Path(args.out) / dataset
@@ -246,8 +248,8 @@ def cmd_tables(args) -> int:
 
 
 def cmd_reference(args) -> int:
-    from ccu.checks import profile
-    from ccu.reference_results import write_reference
+    from ccu.run.checks import profile
+    from ccu.run.reference import write_reference
 
     prof = profile(args.profile, args.overrides, args.dataset)
     out = write_reference(args.dataset, prof, args.seed, args.out, _root(args), args.method)
@@ -256,8 +258,8 @@ def cmd_reference(args) -> int:
 
 
 def cmd_part(args) -> int:
-    from ccu.checks import profile
-    from ccu.reference_results import write_part
+    from ccu.run.checks import profile
+    from ccu.run.reference import write_part
 
     prof = profile(args.profile, args.overrides, args.dataset)
     if not args.max_balls_mib >= 0:
@@ -273,7 +275,7 @@ def cmd_part(args) -> int:
 
 def cmd_run(args) -> int:
     """Every step for every (dataset, seed), one method after another; CCU first."""
-    from ccu import steps
+    from ccu.run import steps
 
     specs = [_spec(args, dataset=d, seed=args.seed[0]) for d in args.dataset]
     steps.run_all(
@@ -284,8 +286,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare_densities(args) -> int:
-    from ccu.checks import profile
-    from ccu.density_comparison import compare_densities
+    from ccu.run.checks import profile
+    from ccu.run.density_comparison import compare_densities
 
     prof = profile(args.profile, args.overrides, args.dataset)
     out, table = compare_densities(args.dataset, args.method, prof, args.seed, _device(args),
@@ -307,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ccu.plugins import PluginError, PluginNotFoundError, load_plugins
+    from ccu.store.plugins import PluginError, PluginNotFoundError, load_plugins
 
     try:
         load_plugins(cli_parser.plugins(sys.argv[1:] if argv is None else argv))
@@ -339,8 +341,8 @@ def _exit_code(exc: Exception) -> int:
     """The exit code of an error a step raised (:data:`EXIT_CODES`), said on stderr; re-raises
     an unexpected one."""
     from ccu.data import CorruptDataError, DataNotFoundError
-    from ccu.deadline import StopForTime
-    from ccu.results import CorruptResultError, ResultConflictError
+    from ccu.run.deadline import StopForTime
+    from ccu.store.results import CorruptResultError, ResultConflictError
 
     if isinstance(exc, StopForTime):
         _say(f"{exc}: what finished is saved (results, the last epoch's checkpoint)")

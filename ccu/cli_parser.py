@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ccu.checks import names
+from ccu.run.checks import names
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING, EXIT_CORRUPT = 0, 1, 2, 3, 4
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later"

@@ -21,7 +21,7 @@ export PATH="$ROOT/.venv/bin:$PATH"
 # One torch thread: two competing multi-threaded processes slow down 100x on 2 cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
 # Scripts and tests draw with Agg; the chapters switch their kernel to the inline backend
-# (ccu.chapter.setup_chapter), so the book shows every figure.
+# (ccu.book.chapter.setup_chapter), so the book shows every figure.
 export MPLBACKEND=Agg PYTHONHASHSEED=0
 # CCU_PROGRESS stays as the caller set it: the book hides progress bars with `remove-stderr`.
 

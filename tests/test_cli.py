@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ccu import checks, cli
-from ccu import results as store
-from ccu.config import get_profile
+from ccu import cli
 from ccu.methods import METHOD_ORDER
+from ccu.run import checks
+from ccu.run.config import get_profile
+from ccu.store import results as store
 
 SUBCOMMANDS = ("datasets", "methods", "train", "evaluate", "attack", "balls", "part", "tables",
                "reference", "run")  # fmt: skip
@@ -124,7 +125,7 @@ def _one_error_line(capsys) -> str:
      {"paper_networks": "no"}, {"vgg_methods": "MCD"}, {"attack_restarts": None}],
 )  # fmt: skip
 def test_the_profile_record_checks_every_field(overrides):
-    from ccu.config import PROFILES, Profile, get_profile
+    from ccu.run.config import PROFILES, Profile, get_profile
 
     with pytest.raises(ValueError, match=f"profile field {next(iter(overrides))} must be"):
         get_profile("smoke", **overrides)
@@ -463,7 +464,7 @@ def plugin_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     yield good, bad
     for name in ("plugtest", "plugbroken"):
-        ccu.density.DENSITY_FAMILIES.pop(name, None)
+        ccu.core.density.DENSITY_FAMILIES.pop(name, None)
     sys.modules.pop("my_families", None)
 
 

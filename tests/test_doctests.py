@@ -16,8 +16,8 @@ WITH_EXAMPLES = sorted(
 
 
 def test_the_examples_are_found():
-    # ccu.equations and ccu.density_check hold examples: an empty list means the search broke
-    assert {"ccu.equations", "ccu.density_check"} <= set(WITH_EXAMPLES)
+    # ccu.book.equations and ccu.core.density_check hold examples: an empty list means the search broke
+    assert {"ccu.book.equations", "ccu.core.density_check"} <= set(WITH_EXAMPLES)
 
 
 @pytest.mark.parametrize("name", WITH_EXAMPLES)

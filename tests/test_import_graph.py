@@ -12,9 +12,9 @@ The rules this enforces:
 
 * No module reaches itself through imports (the graph has no cycle).
 * A package's ``__init__`` may re-export from its submodules; so a submodule imports from the
-  module that defines a name (``from ccu.config import get_profile``), never a re-exported name
+  module that defines a name (``from ccu.run.config import get_profile``), never a re-exported name
   from its own or a parent package (``import ccu`` or ``from ccu import get_profile`` inside
-  ``ccu.guarantees`` would make ``ccu.guarantees -> ccu -> ... -> ccu.guarantees``). Naming a
+  ``ccu.run.guarantees`` would make ``ccu.run.guarantees -> ccu -> ... -> ccu.run.guarantees``). Naming a
   submodule through its package (``from ccu import results``) is an edge to that submodule.
 * The implicit import of a module's parent packages is not an edge: Python runs a package's
   ``__init__`` to the end before the body of any of its submodules starts, so it cannot
@@ -127,7 +127,7 @@ def test_ccu_has_no_import_cycle():
 
 def package_imports(graph: dict[str, dict[str, int]]) -> list[str]:
     """Imports of a name from a package that contains the importing module (``import ccu`` or
-    ``from ccu import get_profile`` in ``ccu.plots``), as ``module -> package``."""
+    ``from ccu import get_profile`` in ``ccu.book.plots``), as ``module -> package``."""
     return sorted(
         f"{m} -> {t}" for m, targets in graph.items() for t in targets if m.startswith(f"{t}.")
     )
@@ -177,3 +177,76 @@ def test_a_cycle_is_found_and_named(tmp_path, files):
     assert cycle is not None and cycle[0] == cycle[-1] and len(cycle) == 3
     text = describe(cycle, graph, paths, tmp_path)
     assert text.startswith("import cycle:") and f"{cycle[0]} -> {cycle[1]}" in text
+
+
+#: the role packages of ``ccu``, each with the roles it may import (besides itself). Lower roles
+#: never import higher ones: the math (core) stands alone; the data layer knows no model; the
+#: results store knows no method, run nor report, so every one of them can use it; the report
+#: draws tables from stored results without running or building a method; runs use all but the
+#: book; the book's helpers use everything.
+LAYERS = {
+    "ccu.core": set(),
+    "ccu.data": {"ccu.core"},
+    "ccu.store": {"ccu.core", "ccu.data"},
+    "ccu.methods": {"ccu.core", "ccu.data", "ccu.store"},
+    "ccu.report": {"ccu.core", "ccu.data", "ccu.store"},
+    "ccu.run": {"ccu.core", "ccu.data", "ccu.store", "ccu.methods", "ccu.report"},
+    "ccu.book": {"ccu.core", "ccu.data", "ccu.store", "ccu.methods", "ccu.report", "ccu.run"},
+}
+#: modules outside the role packages: the package, its entry points, its version, the aliases
+#: of moved modules and the folder of the paper's and the field's published tables
+TOP_LEVEL = {"ccu", "ccu.__main__", "ccu._version", "ccu._moved", "ccu.cli", "ccu.cli_parser",
+             "ccu.reference"}  # fmt: skip
+#: modules of the data layer's own role that a model would be: data imports none of them
+MODELS = ("ccu.core.model", "ccu.core.nets", "ccu.core.density", "ccu.core.diag_gmm")
+#: what every role may import
+EVERYONE = {"ccu._version"}
+
+
+def role(module: str) -> str | None:
+    """The role package of ``module`` (``ccu.core`` for ``ccu.core.bounds``), None for top level."""
+    for layer in LAYERS:
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return None
+
+
+def layer_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every module outside the role packages and :data:`TOP_LEVEL`, and every import that goes
+    against :data:`LAYERS` (or from the data layer to a model), as one line each."""
+    bad = [f"{m}: not in a role package {sorted(LAYERS)}" for m in sorted(graph)
+           if role(m) is None and m not in TOP_LEVEL]  # fmt: skip
+    for m, targets in sorted(graph.items()):
+        mine = role(m)
+        if mine is None:
+            continue
+        for t, line in sorted(targets.items()):
+            theirs = role(t)
+            allowed = theirs == mine or theirs in LAYERS[mine] or t in EVERYONE
+            if mine == "ccu.data" and t.startswith(MODELS):
+                allowed = False
+            if not allowed:
+                bad.append(f"{m} -> {t} (line {line}): {mine} may import {sorted(LAYERS[mine])}")
+    return bad
+
+
+def test_every_module_sits_in_its_role_and_imports_only_lower_roles():
+    graph, _ = import_graph(ROOT / "ccu")
+    bad = layer_violations(graph)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_rule_fails_on_a_flat_layout_and_on_an_import_against_the_grain(tmp_path):
+    """The rule is not vacuous: the layout before the move (modules side by side at the top
+    level) fails it, and so does one import upwards (a core module reading the store)."""
+    flat = {"ccu": {}, "ccu.results": {}, "ccu.bounds": {"ccu.results": 3}}
+    assert layer_violations(flat) == [
+        "ccu.bounds: not in a role package " + str(sorted(LAYERS)),
+        "ccu.results: not in a role package " + str(sorted(LAYERS)),
+    ]
+    upward = {"ccu.core.bounds": {"ccu.store.results": 7}, "ccu.store.results": {},
+              "ccu.data.sources": {"ccu.core.model": 2}, "ccu.core.model": {}}  # fmt: skip
+    assert layer_violations(upward) == [
+        "ccu.core.bounds -> ccu.store.results (line 7): ccu.core may import []",
+        "ccu.data.sources -> ccu.core.model (line 2): ccu.data may import ['ccu.core']",
+    ]

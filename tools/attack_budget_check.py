@@ -6,11 +6,11 @@ The book's reading of Table 1 found Maha fooled on 0.5 % of the centres of the `
 `cifar10-offline`'s). Before a lent GPU trains Maha at the paper's protocol (its weights are not
 kept, so an attack defect found later means training again), this script tells a weak attack
 from a robust detector on the CPU: it trains (or loads) CCU and the method in a results folder
-of its own, certifies CCU's balls (:func:`ccu.adversarial_noise.ensure_balls`), and attacks the
-method in the first ``--centres`` certified balls with :func:`ccu.adversarial_noise.attack_method`
+of its own, certifies CCU's balls (:func:`ccu.run.adversarial_noise.ensure_balls`), and attacks the
+method in the first ``--centres`` certified balls with :func:`ccu.run.adversarial_noise.attack_method`
 (the true score and, where the method has one, its surrogate without the pre-processing) at
 each budget of ``--budget`` (restarts x steps; the paper: 50 x 500). Per budget it records SR
-and AUC as Table 1 counts them (:func:`ccu.evaluate.success_rate`, :func:`ccu.evaluate.strict_auc`),
+and AUC as Table 1 counts them (:func:`ccu.core.evaluate.success_rate`, :func:`ccu.core.evaluate.strict_auc`),
 the worst scores against the in-distribution test scores (median, 1 % quantile), and the centres
 the surrogate won; and, as a control, the scores of the centres themselves::
 
@@ -61,9 +61,9 @@ def certified_balls(dataset: str, prof, device: str, root: Path, n: int):
     certified and saved as Table 1's, or loaded) and the first ``n`` certified centres with
     their radii (float64): what every check of this kind attacks in. Returns
     ``(data, balls, centres, radii)``."""
-    from ccu import results as store
-    from ccu.adversarial_noise import ensure_balls
-    from ccu.experiment import run_data, run_method
+    from ccu.run.adversarial_noise import ensure_balls
+    from ccu.run.experiment import run_data, run_method
+    from ccu.store import results as store
 
     data = run_data(dataset, prof)
     ccu_run = run_method(dataset, "CCU", prof, device=device, data=data, root=root)
@@ -107,13 +107,13 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from ccu import evaluate as ev
-    from ccu import results as store
-    from ccu.adversarial_noise import attack_method
-    from ccu.config import get_profile
-    from ccu.experiment import run_method
-    from ccu.records import AUC, SR
-    from ccu.reference_results import current_commit
+    from ccu.core import evaluate as ev
+    from ccu.run.adversarial_noise import attack_method
+    from ccu.run.config import get_profile
+    from ccu.run.experiment import run_method
+    from ccu.store import results as store
+    from ccu.store.records import AUC, SR
+    from ccu.store.reference_results import current_commit
 
     prof = get_profile(args.profile, args.dataset)
     root = Path(args.results)

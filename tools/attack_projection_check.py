@@ -9,7 +9,7 @@ along the metric's large-variance directions pushes pixels out of the box, and c
 the point along directions whose variance is floored at 1e-6 of the largest (the border pixels),
 where the whitened distance is magnified ~1000 times.
 
-Our attack (:func:`ccu.attacks.ball_attack`) keeps every iterate in the ball *and* the box (clip,
+Our attack (:func:`ccu.core.attacks.ball_attack`) keeps every iterate in the ball *and* the box (clip,
 then scale towards the seed) and returns exactly feasible points. The paper's appendix "Attack
 details" describes, and the authors' released code (``utils/adversarial.py``, ``gen_pca_noise``
 in github.com/AlexMeinke/certified-certain-uncertainty) runs, another iteration; its behaviour,
@@ -26,9 +26,9 @@ re-implemented here (not copied) as :func:`released_style_attack`:
   necessarily in the ball.
 
 This script runs both on the first ``--centres`` certified balls of a run and records, per
-method, SR and AUC of each (:func:`ccu.evaluate.success_rate`, :func:`ccu.evaluate.strict_auc`),
+method, SR and AUC of each (:func:`ccu.core.evaluate.success_rate`, :func:`ccu.core.evaluate.strict_auc`),
 the released-style points' distances over the certified radius (float64) and their SR and AUC
-once scaled into the ball (:func:`ccu.attacks.project_exact`)::
+once scaled into the ball (:func:`ccu.core.attacks.project_exact`)::
 
     python tools/attack_projection_check.py --dataset mnist-offline --profile cpu \\
         --method Maha OE --centres 20 --budget 5x100 \\
@@ -119,14 +119,14 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from ccu import evaluate as ev
-    from ccu import results as store
-    from ccu.adversarial_noise import attack_method
-    from ccu.attacks import project_exact
-    from ccu.config import get_profile
-    from ccu.experiment import run_method
-    from ccu.records import AUC, MAX_DISTANCE_OVER_RADIUS, METHODS, SR
-    from ccu.reference_results import current_commit
+    from ccu.core import evaluate as ev
+    from ccu.core.attacks import project_exact
+    from ccu.run.adversarial_noise import attack_method
+    from ccu.run.config import get_profile
+    from ccu.run.experiment import run_method
+    from ccu.store import results as store
+    from ccu.store.records import AUC, MAX_DISTANCE_OVER_RADIUS, METHODS, SR
+    from ccu.store.reference_results import current_commit
 
     prof = get_profile(args.profile, args.dataset)
     root = Path(args.results)

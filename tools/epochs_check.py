@@ -12,7 +12,7 @@ beside the paper's Table 2 for the same method::
 
 If more epochs move the numbers towards the paper's, the gap is the short training. The JSON
 records the config, commit, torch version, device and seconds of each training; the chapter
-*OOD detection* shows every committed check (:func:`ccu.report.epochs_checks`).
+*OOD detection* shows every committed check (:func:`ccu.report.tables.epochs_checks`).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ccu import results as store
-    from ccu.config import get_profile
-    from ccu.experiment import run_data, run_method
-    from ccu.records import AUROC, TEST_ERROR, Metrics
-    from ccu.reference_results import current_commit
+    from ccu.run.config import get_profile
+    from ccu.run.experiment import run_data, run_method
+    from ccu.store import results as store
+    from ccu.store.records import AUROC, TEST_ERROR, Metrics
+    from ccu.store.reference_results import current_commit
 
     out = {
         "dataset": args.dataset,

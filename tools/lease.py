@@ -16,7 +16,7 @@ from :data:`COST_S` (device seconds per method; measured where a lease measured 
 parts' provenance records every run's own seconds), biggest first, in up to ``--jobs`` lanes;
 a method that cannot finish in one call even alone is named with the reduced variant that
 would fit (``paper-e<N>``, its own label, never mixed with ``paper``). Standard library and
-``ccu`` only (``absorb`` rebuilds ``table1.json`` with :func:`ccu.reference_results.assemble_reference`).
+``ccu`` only (``absorb`` rebuilds ``table1.json`` with :func:`ccu.store.reference_results.assemble_reference`).
 Exit codes: 0 done; 2 bad usage; 3 nothing to absorb; 4 an archive or a part is corrupt or
 conflicts with a committed one (nothing of that call is written).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: the checkout's ccu
-from ccu.records import BALLS_KEY  # noqa: E402
+from ccu.store.records import BALLS_KEY  # noqa: E402
 
 #: every method of the paper's grid (ccu.methods.METHOD_ORDER; ACET2 from its appendix)
 ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU"]
@@ -138,7 +138,7 @@ START_S, CALL_OVERHEAD_S = 120, 25
 HARD_MARGIN_S = 40
 #: seconds of planned work one call holds: its hard limit 45 s past the plan (call_timeout)
 LONGEST_WORK_S = 595 - HARD_MARGIN_S - 45
-#: the files of a part, as ``ccu part`` writes them (ccu.reference_results)
+#: the files of a part, as ``ccu part`` writes them (ccu.store.reference_results)
 PART_FILE = re.compile(
     r"^([A-Za-z0-9+_-]+)\.(config\.json|metrics\.json|guarantees\.json|attack\.json|attack\.npz)$"
 )
@@ -266,7 +266,7 @@ def reduced_epochs(method: str, epochs: int = 100) -> int:
 
 
 def print_plan(args) -> int:
-    from ccu.config import get_profile
+    from ccu.run.config import get_profile
 
     label = get_profile(args.profile, args.dataset).label
     folder = reference_dir(args.reference, label, args.dataset)
@@ -331,16 +331,15 @@ def init_dir(dataset: str) -> Path:
 
 def prepare(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | None = None,
             overrides: dict | None = None, log=print) -> Path:  # fmt: skip
-    """CCU's initial fit (metric and both mixtures, :mod:`ccu.prefit`) for ``dataset`` at
+    """CCU's initial fit (metric and both mixtures, :mod:`ccu.methods.prefit`) for ``dataset`` at
     ``profile``, fitted here on the CPU once and written to ``folder`` (default
     ``.devinit/<dataset>/``), which the calls carry: the device then skips the fit (~130 s of
     a call on MNIST). A fit with the same inputs already there is kept."""
     import time
 
-    from ccu import prefit
-    from ccu.config import get_profile, train_settings
-    from ccu.experiment import run_data
-    from ccu.methods import get_method
+    from ccu.methods import get_method, prefit
+    from ccu.run.config import get_profile, train_settings
+    from ccu.run.experiment import run_data
 
     folder = Path(folder) if folder is not None else init_dir(dataset)
     prof = get_profile(profile, dataset, **(overrides or {}))
@@ -449,9 +448,9 @@ def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
     certified them travel together: balls are taken only with that method's whole part, and a
     part only when it was attacked in the balls committed (or taken) here; anything else waits
     for a call that runs it again."""
-    from ccu.records import BALLS_FROM, PART_BALLS_KEY
-    from ccu.reference_results import assemble_reference
-    from ccu.results import CorruptResultError, atomic_bytes
+    from ccu.store.records import BALLS_FROM, PART_BALLS_KEY
+    from ccu.store.reference_results import assemble_reference
+    from ccu.store.results import CorruptResultError, atomic_bytes
 
     by_method: dict[str, dict[str, bytes]] = {}
     for name, data in files.items():
@@ -519,7 +518,7 @@ def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
 
 
 def _same_run(a: bytes, b: bytes) -> bool:
-    from ccu import results as store
+    from ccu.store import results as store
 
     ca, cb = (store.normalised_config(json.loads(x)) for x in (a, b))
     return store.config_key(ca) == store.config_key(cb) and ca.get("files") == cb.get("files")

@@ -57,7 +57,7 @@ methods=("$@")
 mkdir -p "$OUT" "$PARTS"
 t0=$SECONDS
 labels=$(python3 -c 'import json, sys
-from ccu.config import get_profile
+from ccu.run.config import get_profile
 p = get_profile(sys.argv[1], sys.argv[3], **json.loads(sys.argv[2] or "{}"))
 print(p.label, p.ensemble)' "$PROFILE" "$OVERRIDES" "$ds") || { echo "bad PROFILE/OVERRIDES/DATASET" >&2; exit 2; }
 read -r label ensemble <<<"$labels"

@@ -6,7 +6,7 @@ import copy
 
 import ccu
 import torch
-from ccu.train import History
+from ccu.methods.training import History
 
 
 @ccu.register_method

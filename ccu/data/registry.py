@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from ccu.core.settings import TrainSettings
 from ccu.data import in_distributions, out_distributions
 from ccu.data.augment import CIFAR_LIKE, DIGITS_8X8, MNIST_LIKE, SVHN_LIKE
 from ccu.data.images import uniform_noise
 from ccu.data.ood_test_sets import OOD_SETS
 from ccu.data.spec import Dataset, DatasetSpec
-from ccu.settings import TrainSettings
 
 _MNIST_OOD = ("emnist", "grcifar10", "noise", "uniform")
 _NATURAL_OOD = ("lsun_cr", "imagenet-", "noise", "uniform")

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ccu.core.settings import TrainSettings
 from ccu.data.augment import Augmentation
-from ccu.settings import TrainSettings
 
 
 @dataclass(kw_only=True)
@@ -90,7 +90,7 @@ class Dataset:
         (seeded by the dataset's seed, kept in their order: a test set stored class by class
         still gives every class); the out-distribution is unchanged. The OOD test sets are
         as large as the test set (:func:`ccu.data.load_ood`), so ``n_test`` caps the scoring
-        of a run (``smoke`` on the ResNet18 datasets: :data:`ccu.settings.SMOKE_SCALE`)."""
+        of a run (``smoke`` on the ResNet18 datasets: :data:`ccu.core.settings.SMOKE_SCALE`)."""
         n_train = None if n_train is None or n_train >= len(self.train_x) else n_train
         n_test = None if n_test is None or n_test >= len(self.test_x) else n_test
         if n_train is None and n_test is None:

@@ -9,12 +9,11 @@ another registered density family (:func:`ccu.register_density`).
 
 from __future__ import annotations
 
-from ccu.density import DENSITY_FAMILIES
+from ccu.core.density import DENSITY_FAMILIES
 from ccu.methods import gan, posthoc, trained  # noqa: F401 - their methods register themselves
 from ccu.methods.base import METHODS, BaseMethod, Method, register_method
 from ccu.methods.ccu_method import CCUMethod
-
-METHOD_ORDER = ("Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU")
+from ccu.store.records import METHOD_ORDER, ordered
 
 
 def get_method(name: str) -> type[Method]:
@@ -56,20 +55,6 @@ def method_names() -> list[str]:
     ``CCU-<family>`` for every other registered density family (e.g. ``CCU-diag``)."""
     others = [f"CCU-{f}" for f in DENSITY_FAMILIES if f != CCUMethod.density]
     return ordered(dict.fromkeys([*METHODS, *others]))
-
-
-def ordered(names) -> list[str]:
-    """``names`` in the paper's column order (CCU variants right after CCU)."""
-    rank = {m: i for i, m in enumerate(METHOD_ORDER)}
-
-    def key(m):
-        if m in rank:
-            return (rank[m], "")
-        if m.startswith("CCU-"):
-            return (rank["CCU"], m)
-        return (len(rank), m)
-
-    return sorted(names, key=key)
 
 
 __all__ = [

@@ -7,10 +7,10 @@ import os
 import torch
 from torch import nn
 
-from ccu.attacks import probe_batch_size
-from ccu.nets import make_classifier
-from ccu.settings import Profile, TrainSettings
-from ccu.train import PRECISIONS, EpochCallback, History, Trainer
+from ccu.core.attacks import probe_batch_size
+from ccu.core.nets import make_classifier
+from ccu.core.settings import Profile, TrainSettings
+from ccu.methods.training import PRECISIONS, EpochCallback, History, Trainer
 
 #: every method by its name in the paper's tables, filled by :func:`register_method`
 METHODS: dict[str, type] = {}
@@ -129,7 +129,7 @@ class Method:
     def code_classes(self) -> list[type]:
         """The classes whose code makes this method's results: its own class (and, for CCU,
         its density family). Those outside the library identify its runs by their source
-        (:func:`ccu.plugins.code_identity`)."""
+        (:func:`ccu.store.plugins.code_identity`)."""
         return [type(self)]
 
     def certifier(self):
@@ -141,7 +141,7 @@ class Method:
     # -- training
     def fit(self, data, checkpoint=None, on_epoch_end: EpochCallback | None = None) -> History:
         """Train on ``data``; ``checkpoint`` and ``on_epoch_end`` as in
-        :func:`ccu.train.run_epochs` (``ccu run --stop-after`` passes its deadline's check)."""
+        :func:`ccu.methods.training.run_epochs` (``ccu run --stop-after`` passes its deadline's check)."""
         return self.trainer().fit(
             self._require_model(),
             data,
@@ -182,7 +182,7 @@ class Method:
         Methods with a signed-gradient input pre-processing (ODIN, Maha) return their score
         without it: the sign pattern changes from step to step, so the attack's backtracking stalls
         on the true score. The points found are always judged by the true ``score``
-        (see ``ccu.adversarial_noise.adversarial_noise``, chapter "Adversarial noise")."""
+        (see ``ccu.run.adversarial_noise.adversarial_noise``, chapter "Adversarial noise")."""
         return None
 
     def log_probs_and_score(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,7 +201,7 @@ class Method:
     def eval_batch_size(self, x: torch.Tensor) -> int:
         """Inputs per :meth:`evaluate` chunk: 1000 on the CPU; on a GPU the chunk that fits in
         half of the free memory, measured on two small chunks like the attack's
-        (:func:`ccu.attacks.probe_batch_size`; up to :data:`EVAL_BATCH_CUDA`)."""
+        (:func:`ccu.core.attacks.probe_batch_size`; up to :data:`EVAL_BATCH_CUDA`)."""
         if self.device.type != "cuda" or len(x) == 0:
             return EVAL_BATCH_CPU
         example = x[:PROBE_INPUTS].to(self.device)

@@ -6,8 +6,8 @@ family (``CCU-diag``: :class:`ccu.DiagonalGaussianMixture`; a family registered 
 so loading needs no guessing from state-dict keys.
 
 A family that is not built in (``gmm``, ``diag``) is checked against its own ball bounds
-(:func:`ccu.density_check.check_density`, a few seconds) as fitted, after training and after
-loading; if it breaks them, :class:`ccu.density_check.UnsoundDensityError` refuses to certify
+(:func:`ccu.core.density_check.check_density`, a few seconds) as fitted, after training and after
+loading; if it breaks them, :class:`ccu.core.density_check.UnsoundDensityError` refuses to certify
 with it.
 """
 
@@ -18,21 +18,22 @@ from pathlib import Path
 
 import torch
 
-from ccu import prefit
+from ccu.core.density import get_density_family
+from ccu.core.density_check import UnsoundDensityError, check_density
+from ccu.core.diag_gmm import DiagonalGaussianMixture
+from ccu.core.gmm import GaussianMixture
+from ccu.core.initialisation import init_ccu
+from ccu.core.metric import Mahalanobis
+from ccu.core.model import CCU
 from ccu.data import uniform_noise
 from ccu.data.augment import covariance_sample
-from ccu.density import GaussianMixture, get_density_family
-from ccu.density_check import UnsoundDensityError, check_density
-from ccu.diag_gmm import DiagonalGaussianMixture
-from ccu.initialisation import init_ccu
+from ccu.methods import prefit
 from ccu.methods.base import BaseMethod, register_method
-from ccu.metric import Mahalanobis
-from ccu.model import CCU
-from ccu.train import load_checkpoint
+from ccu.methods.training import load_checkpoint
 
 #: the families shipped with ccu (tested in tests/): not re-checked when a CCU is trained
 BUILT_IN_FAMILIES = (GaussianMixture, DiagonalGaussianMixture)
-#: :func:`ccu.density_check.check_density`'s arguments for the quick check of any other family
+#: :func:`ccu.core.density_check.check_density`'s arguments for the quick check of any other family
 #: (radii up to 1e5 whitened units: certified radii of broken bounds are often in the thousands)
 QUICK_CHECK = dict(max_examples=15, radii=(1e-3, 1e5), n_directions=8, ascent_steps=20)
 #: centres of the quick check: this many training points, out-distribution points, noise seeds
@@ -49,7 +50,7 @@ def check_family(model: CCU, centres, method: str, when: str) -> None:
                 f"{method} refuses to certify: its {role}-density ({when}) breaks its own ball "
                 f"bounds, so its certificates would be false. {report.summary()}. Fix "
                 f"{type(density).__name__}.ball_bounds_whitened and test it with "
-                "ccu.density_check.check_density.",
+                "ccu.core.density_check.check_density.",
                 report,
             )
 
@@ -77,13 +78,13 @@ class CCUMethod(BaseMethod):
         )
 
     #: where the initial fit came from: "fitted" here, or the carried file's name
-    #: (:mod:`ccu.prefit`); recorded in the run's config as ``initial_fit``
+    #: (:mod:`ccu.methods.prefit`); recorded in the run's config as ``initial_fit``
     initial_fit = "fitted"
 
     def build(self, data) -> None:
         """The CCU model for ``data``: the classifier drawn from the seed, the metric and both
         mixtures fitted (:func:`ccu.init_ccu`), or loaded from a carried initial fit of the same
-        inputs (:func:`ccu.prefit.find_init`: ``CCU_INIT_DIR``, ``tools/lease.py prepare``)."""
+        inputs (:func:`ccu.methods.prefit.find_init`: ``CCU_INIT_DIR``, ``tools/lease.py prepare``)."""
         torch.manual_seed(self.seed)
         clf = self._classifier()
         inputs = prefit.init_inputs(self, data) if os.environ.get(prefit.INIT_DIR_ENV) else None

@@ -6,8 +6,8 @@ in-data plus ``beta`` x KL(uniform || p(y|G(z))) on generated samples. The paper
 VGG: the ``paper`` profile (or ``vgg_methods``) gives it VGG13, the others keep the dataset's
 network. G and D are small fully connected networks.
 
-The three networks train in one :class:`ccu.train.EpochStep` (:class:`GANStep`: three optimisers
-and the generator's noise) in the epoch loop every training shares (:func:`ccu.train.run_epochs`:
+The three networks train in one :class:`ccu.methods.training.EpochStep` (:class:`GANStep`: three optimisers
+and the generator's noise) in the epoch loop every training shares (:func:`ccu.methods.training.run_epochs`:
 checkpoints, resuming, ``on_epoch_end``).
 """
 
@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ccu.core.losses import uniform_cross_entropy
 from ccu.data.batches import PairedLoader
-from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import BaseMethod, register_method
-from ccu.train import (
+from ccu.methods.training import (
     EpochCallback,
     EpochResult,
     EpochStep,
@@ -121,7 +121,7 @@ class GANStep(EpochStep):
     generated), the generator (fool D while the classifier is uniform on its samples), the
     classifier (cross-entropy + ``beta`` x KL(uniform || p(y|G(z))) on generated samples).
 
-    The classifier's optimiser is the dataset's (:func:`ccu.train.make_optimizer`), G's and D's
+    The classifier's optimiser is the dataset's (:func:`ccu.methods.training.make_optimizer`), G's and D's
     Adam(2e-4, betas (0.5, 0.999)); the latent noise has a generator of its own (seed + 1). A
     checkpoint keeps the three optimisers under ``"optimizers"`` and the noise state under
     ``"noise"``."""

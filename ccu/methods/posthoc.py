@@ -10,10 +10,10 @@ import copy
 
 import torch
 
-from ccu.evaluate import auroc
+from ccu.core.evaluate import auroc
 from ccu.methods.base import RAW_SCORE, BaseMethod, register_method
-from ccu.records import AUROC
-from ccu.train import History
+from ccu.methods.training import History
+from ccu.store.records import AUROC
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 ODIN_EPSILONS = tuple(0.004 * i / 20 for i in range(21))

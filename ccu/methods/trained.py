@@ -1,6 +1,6 @@
 """Methods trained from scratch: OE, ACET (and ACET2), MCD, EDL and DE.
 
-Hyperparameters follow the paper's Appendix C (:mod:`ccu.config`); where the CCU paper is
+Hyperparameters follow the paper's Appendix C (:mod:`ccu.run.config`); where the CCU paper is
 silent, each method's own paper decides (noted per class).
 """
 
@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from filelock import FileLock
 from torch import nn
 
+from ccu.core.losses import uniform_cross_entropy
 from ccu.data.images import uniform_noise
-from ccu.losses import uniform_cross_entropy
 from ccu.methods.base import RAW_SCORE, BaseMethod, register_method
-from ccu.train import History, Objective
+from ccu.methods.training import History, Objective
 
 
 # ----------------------------------------------------------------------------- OE / ACET

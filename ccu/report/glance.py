@@ -1,0 +1,498 @@
+"""Reproduction at a glance: every number of the paper's tables beside ours, from the committed
+reference results (chapter *Reproduction at a glance*).
+
+For each of the paper's datasets and methods the **best available** committed run is used: profile
+``paper`` before the reduced paper variants ``paper-e<N>`` before anything else (``cpu``), and
+within a profile the full dataset before a stand-in (``mnist`` before ``mnist-offline``); see
+:func:`ranked_runs` and :func:`run_for`. :func:`comparison` lines up Table 1 (TE, SR, AUC), Table 2 (AUROC), the AUPR
+table and P_Stats with the paper's values (``ccu/reference/paper``), the difference and the run's
+provenance; :func:`status_matrix` says per dataset and method what stands behind our number.
+Nothing is typed by hand: committing new reference results changes the chapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ccu.data import REGISTRY
+from ccu.report import tables as report
+from ccu.store.records import (
+    ATTACK_GRADIENT,
+    AUC,
+    AUPR_IN,
+    AUROC,
+    COMMIT,
+    DEVICE,
+    DEVICE_NAME,
+    METHOD_ORDER,
+    METHODS,
+    SR,
+    TE,
+    Metrics,
+    ordered,
+)
+
+TABLES = ("Table 1", "Table 2", "AUPR", "P_Stats")
+#: what a cell without a number shows
+MISSING = report.MISSING
+PAPER_DATASETS = ("MNIST", "FMNIST", "SVHN", "CIFAR10", "CIFAR100")
+
+
+def _profile_rank(profile: str) -> tuple:
+    return (profile != "paper", not profile.startswith("paper"), profile)
+
+
+def _download_only(name: str) -> bool:
+    return "torchvision download" in REGISTRY[name].description
+
+
+def candidates(paper_dataset: str) -> list[str]:
+    """Registry datasets standing for ``paper_dataset``: the full set first, stand-ins after."""
+    names = [n for n, p in report.PAPER_DATASET.items() if p == paper_dataset]
+    return sorted(names, key=lambda n: (n.endswith("-offline"), n != n.split("-")[0], n))
+
+
+def ranked_runs(root: Path | None = None) -> dict[str, list[dict]]:
+    """Per paper dataset, its committed reference runs, best first (see the module)."""
+    profiles = sorted(report.reference_profiles(root), key=_profile_rank)
+    base = Path(root or report.REFERENCE_RESULTS)
+    out = {}
+    for paper in PAPER_DATASETS:
+        out[paper] = [
+            dict(report.load_reference(profile, n, root), dataset=n, profile=profile)
+            for profile in profiles
+            for n in candidates(paper)
+            if (base / profile / n).is_dir()
+        ]
+    return out
+
+
+def run_for(runs: list[dict], method: str) -> dict | None:
+    """The best run (of :func:`ranked_runs`' list) that holds ``method``, else None."""
+    return next((r for r in runs if method in r["metrics"]), None)
+
+
+def provenance(ref: dict) -> dict:
+    """Profile, run dataset, seed, device, commit and ccu version of a reference run."""
+    cfg = next(iter(ref["config"].values()), {})
+    table1 = ref.get("table1", {})
+    return {
+        "profile": ref["profile"],
+        "run": ref["dataset"],
+        "seed": cfg.get("seed"),
+        "device": table1.get(DEVICE_NAME) or cfg.get(DEVICE),
+        "commit": str(cfg.get(COMMIT) or "?")[:10],
+        "ccu": cfg.get("ccu_version"),
+    }
+
+
+def _rows_table1(paper: str, ref: dict, method: str) -> list[tuple]:
+    t = report.paper_table("table1_adversarial_noise")
+    t = t[(t.dataset == paper) & (t.method == method)]
+    methods = ref.get("table1", {}).get(METHODS, {})
+    rows = []
+    for _, r in t.iterrows():
+        ours = methods.get(r.method, {}).get(r.metric)
+        rows.append(("Table 1", r.metric, r.method, r.value, _pct(ours)))
+    return rows
+
+
+def _pct(v):
+    return np.nan if v is None or (isinstance(v, float) and np.isnan(v)) else 100.0 * v
+
+
+def _rows_ood(paper: str, ref: dict, table: str, metric: str, method: str) -> list[tuple]:
+    t = report.paper_table("table2_ood_auc" if metric == AUROC else "table_aupr")
+    t = t[(t.in_dataset == paper) & (t.method == method)]
+    by_paper_name = {}
+    for name, m in ref["metrics"].items():
+        record = Metrics.from_json(m)
+        for ood in record.ood_sets():
+            by_paper_name[(report.PAPER_OOD.get(ood, ood), name)] = record.value(ood, metric)
+    rows = []
+    for _, r in t.iterrows():
+        rows.append(
+            (
+                table,
+                r.ood_dataset,
+                r.method,
+                r.value,
+                _pct(by_paper_name.get((r.ood_dataset, r.method))),
+            )
+        )
+    return rows
+
+
+def _rows_pstats(paper: str, ref: dict) -> list[tuple]:
+    paper_values = report.paper_p_stats(paper)
+    if paper_values is None:
+        return []
+    m = ref["metrics"].get("CCU")
+    ours = report.p_stats(m) if m is not None else dict.fromkeys(report.P_STATS, np.nan)
+    return [("P_Stats", k, "CCU", paper_values[k], float(ours[k])) for k in report.P_STATS]
+
+
+def comparison(root: Path | None = None) -> pd.DataFrame:
+    """Long table: dataset, table, key (metric / OOD set / statistic), method, paper, ours,
+    diff (ours - paper, percentage points), and the provenance of our run: per method the best
+    run that holds it (:func:`run_for`); NaN where no committed run has it."""
+    empty = {"metrics": {}, "table1": {}, "config": {}}
+    rows = []
+    for paper, runs in ranked_runs(root).items():
+        found = []
+        for method in ordered(METHOD_ORDER):
+            ref = run_for(runs, method)
+            r = empty if ref is None else _only(ref, method)
+            rows_m = _rows_table1(paper, r, method) + _rows_ood(paper, r, "Table 2", AUROC, method)
+            rows_m += _rows_ood(paper, r, "AUPR", AUPR_IN, method)
+            if method == "CCU":
+                rows_m += _rows_pstats(paper, r)
+            prov = provenance(ref) if ref else {"profile": None, "run": None}
+            found += [(*row, prov) for row in rows_m]
+        for table, key, method, value, ours, prov in found:
+            rows.append(
+                dict(
+                    dataset=paper,
+                    table=table,
+                    key=key,
+                    method=method,
+                    paper=float(value),
+                    ours=float(ours),
+                    diff=float(ours) - float(value),
+                    **prov,
+                )  # fmt: skip
+            )
+    return pd.DataFrame(rows)
+
+
+def _only(ref: dict, method: str) -> dict:
+    return dict(ref, metrics={method: ref["metrics"][method]})
+
+
+def status(paper: str, method: str, runs: list[dict]) -> str:
+    """What stands behind our number for (dataset, method): ``paper protocol``, ``reduced
+    (paper-e<N>)``, ``cpu`` (or another profile), ``not run``, or ``no offline copy`` (every
+    registry dataset for it is a torchvision download)."""
+    names = candidates(paper)
+    ref = run_for(runs, method)
+    if ref is None:
+        if names and all(_download_only(n) for n in names):
+            return "no offline copy"  # every copy is a download (the chapter says which)
+        return "not run"
+    profile = ref["profile"]
+    if profile == "paper":
+        return "paper protocol"
+    if profile.startswith("paper"):
+        return f"reduced ({profile})"
+    return profile if ref["dataset"] in names[:1] else f"{profile} ({ref['dataset']})"
+
+
+def status_matrix(root: Path | None = None) -> pd.DataFrame:
+    """Dataset x method: :func:`status` for every method of the paper's tables."""
+    runs = ranked_runs(root)
+    methods = ordered(METHOD_ORDER)
+    return pd.DataFrame(
+        {m: {p: status(p, m, runs[p]) for p in PAPER_DATASETS} for m in methods}
+    ).loc[list(PAPER_DATASETS)]
+
+
+def heatmap_frame(comp: pd.DataFrame, dataset: str, table: str = "Table 2") -> pd.DataFrame:
+    """Ours minus paper (points) for one dataset and table: rows keys, columns methods."""
+    sub = comp[(comp.dataset == dataset) & (comp.table == table)]
+    if sub.empty:
+        return pd.DataFrame()
+    wide = sub.pivot_table(index="key", columns="method", values="diff", aggfunc="first")
+    return wide[[m for m in ordered(wide.columns)]]
+
+
+def summary(comp: pd.DataFrame) -> dict:
+    """Numbers the chapter quotes: compared values, and the median |ours - paper| per table."""
+    done = comp.dropna(subset=["ours"])
+    out = {"n_paper": int(len(comp)), "n_compared": int(len(done))}
+    for table in TABLES:  # percentage points only: P_Stats' count "# < 1.1/M" is not one
+        d = done[(done.table == table) & ~done.key.astype(str).str.startswith("#")]["diff"].abs()
+        out[f"median_abs_diff_{table.replace(' ', '').lower()}"] = (
+            float(d.median()) if len(d) else float("nan")
+        )
+    return out
+
+
+def heatmap_figure(comp: pd.DataFrame, table: str = "Table 2"):
+    """One heat map per paper dataset with numbers of ours: ours - paper (points) per OOD set
+    (rows) and method (columns), diverging around 0, annotated; blank where either is missing."""
+    import matplotlib.pyplot as plt
+
+    frames = {d: heatmap_frame(comp, d, table) for d in PAPER_DATASETS}
+    frames = {d: f for d, f in frames.items() if not f.empty and f.notna().any().any()}
+    n = max(len(frames), 1)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 3.6), squeeze=False)
+    limit = max([float(np.nanmax(np.abs(f.values))) for f in frames.values()] + [1.0])
+    for ax, (d, f) in zip(axes[0], frames.items(), strict=False):
+        im = ax.imshow(f.values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+        ax.set_xticks(range(f.shape[1]), f.columns, rotation=45, ha="right")
+        ax.set_yticks(range(f.shape[0]), f.index)
+        for (i, j), v in np.ndenumerate(f.values):
+            if np.isfinite(v):  # white on the darkest cells, black elsewhere: always legible
+                colour = "white" if abs(v) > 0.6 * limit else "black"
+                ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=8, color=colour)
+        ax.grid(False)
+        ax.set_title(f"{d}: {table}, ours − paper (points)")
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    if not frames:
+        axes[0][0].text(0.5, 0.5, "no committed results", ha="center")
+        axes[0][0].set_axis_off()
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ the paper's layout, per run
+#: the paper's protocol (section "Experiments" and appendix B): what every run is compared with
+PAPER_EPOCHS = 100
+PAPER_ATTACK = (200, 50, 500)  # noise centres x restarts x steps (appendix, "attack")
+PAPER_ACET_STEPS = 40  # ACET's inner PGD steps during training
+PAPER_OUT = "80 Million Tiny Images"
+PAPER_SIZES = {  # training / test images of the paper's in-distributions
+    "MNIST": "60,000 / 10,000",
+    "FMNIST": "60,000 / 10,000",
+    "SVHN": "73,257 / 26,032",
+    "CIFAR10": "50,000 / 10,000",
+    "CIFAR100": "50,000 / 10,000",
+}
+
+
+def every_run(root: Path | None = None) -> list[dict]:
+    """Every committed reference run (one profile on one dataset), best first per paper dataset
+    (:func:`ranked_runs`), each with ``paper`` (its paper dataset) added."""
+    return [dict(r, paper=p) for p, runs in ranked_runs(root).items() for r in runs]
+
+
+def profile_words(profile: str, epochs: int | None = None) -> str:
+    """A profile label in plain words, e.g. ``"reduced profile 'cpu', 10 epochs"`` (the
+    profile is named for where it fits, a few CPU cores; its runs may come from a GPU)."""
+    if profile == "paper":
+        return "the paper's protocol, 100 epochs"
+    if profile.startswith("paper-e"):
+        return f"the paper's protocol cut to {profile[7:].split('-')[0]} epochs"
+    what = {"cpu": "reduced profile 'cpu'", "smoke": "smoke test"}.get(
+        profile, f"profile {profile}"
+    )
+    return f"{what}, {epochs} epochs" if epochs else what
+
+
+def run_title(run: dict) -> str:
+    """A committed run in plain words, e.g. ``"MNIST (stand-in: mnist-offline), reduced CPU
+    profile, 10 epochs, on an NVIDIA H200"``: what a grid of :func:`paper_grid` shows."""
+    cfg = next(iter(run["config"].values()), {})
+    prof = cfg.get("profile", {})
+    full = candidates(run["paper"])[:1] == [run["dataset"]]
+    data = run["paper"] if full else f"{run['paper']} (stand-in: {run['dataset']})"
+    device = provenance(run)["device"] or "unknown device"
+    device = "a CPU" if device == "cpu" else f"an {device}" if device[0] in "AEIOUN" else device
+    return f"{data}, {profile_words(run['profile'], prof.get('epochs'))}, on {device}"
+
+
+def attack_step_words(run: dict) -> str:
+    """How a run's Table 1 attack stepped (:data:`ccu.report.tables.PGD_STEP_WORDS`): the rows of its
+    ``table1.json`` say it (``attack_gradient``); rows without it are from the earlier attack,
+    with unit steps; ``—`` for a run without Table 1."""
+    rows = run.get("table1", {}).get(METHODS, {})
+    if not rows:
+        return MISSING
+    steps = sorted({row.get(ATTACK_GRADIENT, "normalised") for row in rows.values()})
+    return "; ".join(report.PGD_STEP_WORDS.get(s, s) for s in steps)
+
+
+def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
+    """One row per committed reference run, and the paper's protocol as the first row: the data
+    (training / test images), epochs, training out-distribution, attack budget, ACET's inner
+    steps, the methods and the device, each in words (chapter *Reproduction at a glance*)."""
+    rows = {
+        "the paper": {
+            "data (train / test images)": "full sets: " + "; ".join(
+                f"{k} {v}" for k, v in PAPER_SIZES.items()
+            ),
+            "epochs": str(PAPER_EPOCHS),
+            "training out-distribution": PAPER_OUT,
+            "attack (centres x restarts x steps)": " x ".join(map(str, PAPER_ATTACK)),
+            "attack's PGD step": report.PGD_STEP_WORDS["raw"],
+            "ACET inner steps": str(PAPER_ACET_STEPS),
+            "methods run": "all 11",
+            "device": "GPU",
+        }
+    }  # fmt: skip
+    for run in every_run(root):
+        cfg = next(iter(run["config"].values()), {})
+        prof = cfg.get("profile", {})
+        spec = REGISTRY.get(run["dataset"])
+        data = spec.description if spec is not None else run["dataset"]
+        if prof.get("n_train"):
+            data = f"first {prof['n_train']:,} training images of: {data}"
+        attack = (prof.get("n_centres") or prof.get("n_seeds"), prof.get("attack_restarts"),
+                  prof.get("attack_steps"))  # fmt: skip
+        methods = ordered(run["metrics"])
+        rows[run_title(run)] = {
+            "data (train / test images)": data,
+            "epochs": str(prof.get("epochs", "?")),
+            "training out-distribution": str(cfg.get("out_distribution", "?")),
+            "attack (centres x restarts x steps)": " x ".join(map(str, attack)),
+            "attack's PGD step": attack_step_words(run),
+            "ACET inner steps": str(prof.get("acet_steps", "?")) if "ACET" in methods else "—",
+            "methods run": f"{len(methods)}: {', '.join(methods)}",
+            "device": {"cpu": "CPU"}.get(provenance(run)["device"], provenance(run)["device"])
+            or "?",
+        }
+    return pd.DataFrame(rows).T
+
+
+def _cell(ours, paper, count: bool = False) -> str:
+    """A grid cell: ours above, the paper's below (grey), one decimal (``count``: a whole
+    number); ``—`` where missing."""
+
+    def fmt(v):
+        if v is None or not np.isfinite(v):
+            return MISSING
+        return f"{v:.0f}" if count else f"{v:.1f}"
+
+    return f'{fmt(ours)}<br><span class="ccu-paper">{fmt(paper)}</span>'
+
+
+def paper_grid(run: dict, table: str = "Table 1") -> pd.DataFrame:
+    """One run's numbers in the paper's layout, every cell "ours over the paper's":
+    ``Table 1`` rows TE / SR / AUC; ``Table 2`` (AUROC) and ``AUPR`` rows the OOD sets; columns
+    the methods (the paper's order, then ours it does not have); ``P_Stats`` one column, CCU.
+    Never mixes runs: a method this run did not train is ``—`` (chapter *Reproduction at a
+    glance*)."""
+    paper = run["paper"]
+    methods = ordered(set(run["metrics"]) | set(report.paper_table("table1_adversarial_noise")
+                                                   .query("dataset == @paper").method))  # fmt: skip
+    cells: dict[str, dict[str, str]] = {}
+    for method in methods:
+        r = _only(run, method) if method in run["metrics"] else {"metrics": {}, "table1": {}}
+        if table == "Table 1":
+            rows = _rows_table1(paper, r, method)
+            if not rows:  # the paper has no row for this method: ours alone
+                t1 = run.get("table1", {}).get(METHODS, {}).get(method, {})
+                rows = [("Table 1", k, method, np.nan, _pct(t1.get(k))) for k in (TE, SR, AUC)]
+        elif table in ("Table 2", "AUPR"):
+            metric = AUROC if table == "Table 2" else AUPR_IN
+            rows = _rows_ood(paper, r, table, metric, method)
+            have = {row[1] for row in rows}
+            if method in run["metrics"]:  # OOD sets ours has and the paper's table does not
+                record = Metrics.from_json(run["metrics"][method])
+                for ood in record.ood_sets():
+                    name = report.PAPER_OOD.get(ood, ood)
+                    if name not in have:
+                        rows.append((table, name, method, np.nan, _pct(record.value(ood, metric))))
+        elif table == "P_Stats":
+            rows = _rows_pstats(paper, r) if method == "CCU" else []
+        else:
+            raise ValueError(f"table must be one of {', '.join(TABLES)}; got {table!r}.")
+        for _, key, _, value, ours in rows:
+            cells.setdefault(key, {})[method] = _cell(ours, value, str(key).startswith("#"))
+    frame = pd.DataFrame(cells).T
+    return frame[[m for m in methods if m in frame.columns]].fillna(_cell(None, None))
+
+
+def grid_html(frame: pd.DataFrame, caption: str) -> str:
+    """:func:`paper_grid` as compact HTML: ``caption`` above, cells centred and narrow enough
+    that eleven methods fit the book's column (no scrolling to CCU's)."""
+    from html import escape
+
+    style = (
+        "<style>table.ccu-grid{font-size:0.8em;border-collapse:collapse;margin:0 0 1.2em 0}"
+        "table.ccu-grid th,table.ccu-grid td{padding:2px 5px;text-align:center}"
+        "table.ccu-grid td{border-top:1px solid #ddd;line-height:1.25}"
+        "p.ccu-grid-caption{font-size:0.85em;font-weight:600;margin:0.4em 0 0.2em 0}"
+        ".ccu-paper{color:#6a6a6a}</style>"
+    )
+    styler = frame.style.set_table_attributes('class="ccu-grid"')
+    return f'{style}<p class="ccu-grid-caption">{escape(caption)}</p>{styler.to_html()}'
+
+
+def plain_words_html(words: pd.DataFrame) -> str:
+    """:func:`runs_in_plain_words` for the page: one column per run (the paper's first), one row
+    per aspect, the text wrapped inside the book's column (no horizontal scrolling)."""
+    return report.text_table_html(words.T)
+
+
+#: the tables of each run's grids, with what their rows are
+GRID_TABLES = {
+    "Table 1": "adversarial noise: test error, success rate and AUC of the attack (%)",
+    "Table 2": "AUROC (%) per OOD set",
+    "AUPR": "in-distribution positive, per OOD set (%)",
+    "P_Stats": "CCU's lowest confidence on the in-distribution test set",
+}
+
+
+def run_grids_html(run: dict) -> str:
+    """One run's heading in plain words (:func:`run_title`) and its grids (:func:`paper_grid`)
+    for every table of :data:`GRID_TABLES` that has a number of ours."""
+    from html import escape
+
+    parts = [f'<p style="margin-top:1.5em"><b>{escape(run_title(run))}</b></p>']
+    for table, what in GRID_TABLES.items():
+        grid = paper_grid(run, table)
+        if grid.empty or not any(not c.startswith(MISSING + "<br>") for c in grid.values.ravel()):
+            continue  # nothing of ours in this table (e.g. P_Stats without CCU)
+        parts.append(grid_html(grid, f"{table}: {what}, ours over the paper's (grey)"))
+    return "".join(parts)
+
+
+def provenance_table(root: Path | None = None) -> pd.DataFrame:
+    """Per committed run (:func:`run_title`): profile, dataset as run, seed, device, commit,
+    ccu and torch versions."""
+    rows = {}
+    for run in every_run(root):
+        cfg = next(iter(run["config"].values()), {})
+        rows[run_title(run)] = dict(provenance(run), torch=cfg.get("torch_version"))
+    return pd.DataFrame(rows).T
+
+
+def paper_status(root: Path | None = None) -> str:
+    """One sentence for the top of the page: whether any committed run is at the paper's full
+    protocol (profile ``paper``) and what that means for the numbers below."""
+    runs = every_run(root)
+    full = [run_title(r) for r in runs if r["profile"] == "paper"]
+    if full:
+        return (
+            f"{len(full)} of the {len(runs)} committed runs follow the paper's full protocol "
+            "and come first; the others are reduced runs, said as such."
+        )
+    attack = " x ".join(map(str, PAPER_ATTACK))
+    return (
+        f"No run at the paper's full protocol ({PAPER_EPOCHS} epochs, the full datasets, the "
+        f"{attack} attack) is committed yet: every number of ours below comes from a reduced run, "
+        "so a difference says as much about the reduced protocol as about the method."
+    )
+
+
+def noise_auroc_range(method: str = "CCU", root: Path | None = None) -> dict:
+    """``method``'s lowest and highest AUROC (%) on the noise-like OOD sets (``noise``,
+    ``uniform``) over the committed runs, with the run and set of the lowest, that run's test
+    error and the paper's for the same dataset (%): what the *OOD detection* chapter says about
+    noise, from the numbers."""
+    seen = []
+    for run in every_run(root):
+        if method not in run["metrics"]:
+            continue
+        record = Metrics.from_json(run["metrics"][method])
+        for ood in ("noise", "uniform"):
+            if ood in record.ood_sets():
+                value = 100 * record.value(ood, AUROC)
+                t = report.paper_table("table1_adversarial_noise")
+                paper_te = t[(t.dataset == run["paper"]) & (t.method == method) & (t.metric == TE)]
+                te = (
+                    100 * record.test_error,
+                    float(paper_te.value.iloc[0]) if len(paper_te) else np.nan,
+                )
+                seen.append((value, run_title(run), report.PAPER_OOD[ood], *te))
+    if not seen:
+        nan = float("nan")
+        return {"low": nan, "high": nan, "low_run": "none", "low_set": "none", "low_te": nan,
+                "low_paper_te": nan}  # fmt: skip
+    low, high = min(seen), max(seen)
+    return {"low": low[0], "high": high[0], "low_run": low[1], "low_set": low[2],
+            "low_te": low[3], "low_paper_te": low[4]}  # fmt: skip

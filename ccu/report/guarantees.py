@@ -1,0 +1,205 @@
+"""CCU's guarantees as tables and a figure (chapter *CCU in the field's terms*): a
+``guarantees.json``'s rows (:func:`summary_rows`, :func:`certificate_table`), its GAUC sweep
+(:func:`gauc_sweep_figure`), and our GAUCs beside GOOD's published ones (:func:`field_table`).
+The certificates are computed by :mod:`ccu.core.guarantees` and written by
+:mod:`ccu.run.guarantees`.
+"""
+
+from __future__ import annotations
+
+from ccu.report import tables as report
+from ccu.store.records import (
+    AUROC,
+    CERTIFIED_AUC,
+    FIELD_EPS_INF,
+    GAUC,
+    GAUC_2,
+    GAUC_INF,
+    GAUC_STRICT,
+    INNER_L2_RADIUS,
+    INNER_LINF_RADIUS,
+    MEDIAN,
+    MEDIAN_RADIUS,
+    RADIUS,
+    SETS,
+    SHARE_CERTIFIED,
+    N,
+)
+
+
+def summary_rows(guarantees: dict) -> list[dict]:
+    """One row per point set of a ``guarantees.json``: share certified, median radius (and inner
+    l_2 / l_inf radii), certified AUC and the GAUC at the field's ``eps`` (for tables)."""
+    eps = guarantees.get(FIELD_EPS_INF)
+    rows = []
+    for name, s in guarantees[SETS].items():
+        g = s.get(GAUC_INF, {}).get(f"{eps:.6g}", {}) if eps is not None else {}
+        rows.append(
+            {
+                "set": name,
+                "n": s[N],
+                "share_certified": s[SHARE_CERTIFIED],
+                MEDIAN_RADIUS: s[RADIUS][MEDIAN],
+                "median_inner_l2": s[INNER_L2_RADIUS][MEDIAN],
+                "median_inner_linf": s[INNER_LINF_RADIUS][MEDIAN],
+                CERTIFIED_AUC: s.get(CERTIFIED_AUC),
+                "gauc_field_eps": g.get(GAUC),
+            }
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------- the field's numbers
+#: what differs between our runs and the published ones (the chapter and the CSV say it)
+NOT_COMPARABLE = (
+    "networks (GOOD: IBP-trained CNNs; ours: CCU = LeNet + Gaussian mixtures); training "
+    "out-distribution (GOOD: 80M Tiny Images; ours: grey CIFAR-10 train images); training length "
+    "(profile); bound (GOOD: IBP inside the box [0,1]^D; CCU: Corollary 1 over the Mahalanobis "
+    "ball containing the l_inf ball, no box)"
+)
+
+
+def published(name: str = "good_mnist"):
+    """Published numbers of certified OOD detection (``ccu/reference/field``; see its README)."""
+    from importlib import resources
+
+    import pandas as pd
+
+    with (resources.files("ccu.reference") / "field" / f"{name}.csv").open() as f:
+        return pd.read_csv(f)
+
+
+def committed_guarantees(root=None) -> dict[str, dict]:
+    """Every committed ``<method>.guarantees.json`` under ``reference-results/``, keyed
+    ``"<method> <dataset> (<profile>)"`` (profiles in :func:`ccu.report.tables.reference_profiles`
+    order), each with ``profile`` and ``run`` (the dataset folder) added."""
+    import json
+    from pathlib import Path
+
+    from ccu.store import reference_results
+
+    base = Path(root or reference_results.REFERENCE_RESULTS)
+    out = {}
+    for profile in report.reference_profiles(root):
+        for f in reference_results.guarantee_files(base / profile):
+            g = json.loads(f.read_text())
+            key = f"{f.name.split('.')[0]} {f.parent.name} ({profile})"
+            out[key] = dict(g, profile=profile, run=f.parent.name)
+    return out
+
+
+def field_table(root=None, paper_dataset: str = "MNIST"):
+    """Our GAUCs beside GOOD's published ones at the same l_inf eps, one row per (source,
+    method, OOD set): AUC (clean), GAUC (ties count one half, scikit-learn) and strict GAUC
+    (ties lose), percent; with what is comparable and what is not (:data:`NOT_COMPARABLE`)."""
+    import pandas as pd
+
+    pub = published()
+    pub = pub[pub.in_dataset == paper_dataset]
+    eps = float(pub.eps_inf.iloc[0])
+    rows = []
+    for (method, ood), g in pub[pub.ood_dataset.notna()].groupby(["method", "ood_dataset"]):
+        v = dict(zip(g.metric, g.value, strict=True))
+        rows.append(
+            dict(
+                source="GOOD, arXiv:2007.08473, Table 1",
+                method=method,
+                ood_set=ood,
+                eps_inf=eps,
+                AUC=v.get("AUC"),
+                GAUC=v.get("GAUC"),
+                GAUC_strict=None,
+                network="GOOD's CNN (IBP)",
+                train_out="80M Tiny Images",
+            )  # fmt: skip
+        )
+    for key, g in committed_guarantees(root).items():
+        if report.PAPER_DATASET.get(g["run"]) != paper_dataset:
+            continue
+        for name, s in g[SETS].items():
+            gi = s.get(GAUC_INF, {}).get(f"{eps:.6g}")
+            if gi is None:
+                continue
+            rows.append(
+                dict(
+                    source=f"ours: {key}, seed {g.get('seed')}",
+                    method=g["method"],
+                    ood_set=report.PAPER_OOD.get(name, name),
+                    eps_inf=eps,
+                    AUC=100 * s[AUROC] if AUROC in s else None,
+                    GAUC=100 * gi[GAUC],
+                    GAUC_strict=100 * gi[GAUC_STRICT],
+                    network="LeNet + GMMs (CCU)",
+                    train_out="grey CIFAR-10 train (stand-in)",
+                )  # fmt: skip
+            )
+    df = pd.DataFrame(rows)
+    df["comparable"] = "threat model (l_inf, eps), metric (GAUC), OOD set"
+    df["not_comparable"] = NOT_COMPARABLE
+    return df
+
+
+# ----------------------------------------------------------------------------- for the chapter
+def certificate_table(g: dict):
+    """:func:`summary_rows` of a ``guarantees.json`` as a table (shares and AUCs in percent)."""
+    import pandas as pd
+
+    df = pd.DataFrame(summary_rows(g)).set_index("set")
+    df.index = [report.PAPER_OOD.get(n, n) if n != "test" else "test (in-dist.)" for n in df.index]
+    for col in ("share_certified", CERTIFIED_AUC, "gauc_field_eps"):
+        df[col] = 100 * df[col].astype(float)
+    return df.rename(
+        columns={
+            "share_certified": "certified %",
+            MEDIAN_RADIUS: "median R",
+            "median_inner_l2": "median l2 radius",
+            "median_inner_linf": "median linf radius",
+            CERTIFIED_AUC: "certified AUC %",
+            "gauc_field_eps": f"GAUC % (linf {g.get(FIELD_EPS_INF)})",
+        }
+    )
+
+
+def gauc_sweep_figure(g: dict, title: str = ""):
+    """GAUC against eps per OOD set, l_inf (left) and l_2 (right): scikit-learn's (ties one
+    half, solid) and strict (ties lose, dashed); the field's l_inf eps marked."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, norm in ((axes[0], GAUC_INF, "l_inf"), (axes[1], GAUC_2, "l_2")):
+        for i, (name, s) in enumerate(g[SETS].items()):
+            if key not in s:
+                continue
+            eps = [float(e) for e in s[key]]
+            colour = f"C{i}"
+            label = report.PAPER_OOD.get(name, name)
+            ax.plot(eps, [100 * v[GAUC] for v in s[key].values()], "o-", c=colour, label=label)
+            ax.plot(eps, [100 * v[GAUC_STRICT] for v in s[key].values()], "x--", c=colour)
+        if key == GAUC_INF and g.get(FIELD_EPS_INF) is not None:
+            ax.axvline(g[FIELD_EPS_INF], c="grey", lw=0.8)
+        if key == GAUC_INF:
+            ax.set_xscale("symlog", linthresh=1e-3)
+            ax.set_xlim(left=0)
+        else:
+            ax.set_xscale("log")
+        ax.set_xlabel(f"{norm} radius eps")
+        ax.set_ylabel("GAUC %")
+        ax.set_ylim(-2, 102)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def field_display(field):
+    """:func:`field_table` as the chapter shows it: GOOD's published GAUC (ties lose, as GOOD
+    counts them) only under "GAUC, ties lose", ours under both that and "GAUC, ties 1/2" (ties
+    count one half, scikit-learn's): a ties-1/2 number never sits in GOOD's column."""
+    good = field.source.str.startswith("GOOD")
+    out = field[["source", "method", "ood_set", "eps_inf", "AUC"]].copy()
+    out["source"] = out.source.where(~good, "GOOD")  # the paper is named in the caption
+    out["GAUC, ties 1/2"] = field.GAUC.where(~good)
+    out["GAUC, ties lose"] = field.GAUC_strict.where(~good, field.GAUC)
+    out["network"] = field.network
+    return out

@@ -1,0 +1,462 @@
+"""The adversarial-noise experiment (Table 1, Figures 2 and 3 of the paper): certify balls
+around uniform noise with CCU (Corollary 1) and attack every method inside them.
+
+:func:`adversarial_noise` runs it over trained methods (:func:`ccu.run.experiment.run_method`) and
+saves ``table1.json`` and ``adversarial.npz`` (:class:`AdversarialResult`); each method's attack
+is saved as it finishes, so a run killed while attacking resumes where it stopped and ends with
+the same files. Where the files live is :mod:`ccu.store.results`. Chapter *Adversarial noise: Table 1,
+Figures 2 and 3* (``book/adversarial_noise.ipynb``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ccu.core import evaluate as ev
+from ccu.core.attacks import AttackResult, attack_batch_size, ball_attack
+from ccu.core.bounds import certified_mask, certified_radius, check_certificate, confidence_bound
+from ccu.data import Dataset
+from ccu.run.balls import Balls, certify_balls, digest
+from ccu.run.config import Profile, get_profile
+from ccu.run.experiment import RunResult, cuda_devices, log, median, progress_bar
+from ccu.store import results as store
+from ccu.store.records import (
+    ATTACK_BOUND_VIOLATIONS,
+    ATTACK_GRADIENT,
+    ATTACK_KEY,
+    ATTACK_ROW,
+    ATTACK_SECONDS,
+    AUC,
+    BALLS_FROM,
+    BOUND_VIOLATIONS,
+    CCU_BOUND_VIOLATIONS,
+    CERTIFICATE,
+    MAX_BOUND_OVER_BALLS,
+    MAX_CONFIDENCE_FLOAT64,
+    MAX_DISTANCE_OVER_RADIUS,
+    MAX_FLOAT32_DEVIATION,
+    MEDIAN_OWN_RADIUS,
+    METHODS,
+    N_ATTACKED,
+    N_CENTRES,
+    N_CERTIFIED,
+    N_OWN_CERTIFIED,
+    OWN_CERTIFIED_AUC,
+    PEAK_BOUND_VIOLATIONS,
+    PEAK_MAX_CONFIDENCE_FLOAT64,
+    POINTS_OUTSIDE_BALLS,
+    SEEDS_WON_BY_SURROGATE,
+    SR,
+    TE,
+    Metrics,
+    ball_certificate_summary,
+)
+from ccu.store.results import CorruptResultError
+
+#: Table 1's PGD steps: the raw whitened gradient, as the paper's attack (appendix "Attack
+#: details"; :func:`ccu.core.attacks.ball_attack`)
+TABLE1_GRADIENT = "raw"
+
+
+def attack_method(
+    method, centres, radii, metric, steps, restarts, seed=0, batch_size=None, gradient="raw"
+):
+    """The adversarial-noise attack on one method: PGD in each ball on ``method.score``.
+
+    ``radii`` are the certified radii (float64, no NaN): the attack's points lie exactly inside
+    those balls. If the method offers an ``attack_surrogate`` (a smoother function, e.g. the score
+    without a signed-gradient pre-processing), the balls are attacked on it too and, per centre, the
+    point with the higher *true* score is kept. Stochastic scores draw from a generator seeded
+    with ``seed``. ``batch_size``: iterates per score evaluation (``None``: sized to the device,
+    :func:`ccu.core.attacks.attack_batch_size`; the chapter *Adversarial noise*). ``gradient``: the
+    PGD step (:func:`ccu.core.attacks.ball_attack`; ``"raw"``, the paper's). Returns the
+    ``AttackResult`` (scores are true scores) and the number of centres the surrogate won."""
+    attack = dict(
+        metric=metric, steps=steps, restarts=restarts, seed=seed, batch_size=batch_size,
+        gradient=gradient,
+    )  # fmt: skip
+    x0, rad = centres.to(method.device), radii.to(method.device, torch.float64)
+    with torch.random.fork_rng(devices=cuda_devices(method)):
+        torch.manual_seed(seed)
+        res = ball_attack(method.score, x0, rad, **attack)
+        surrogate = method.attack_surrogate()
+        if surrogate is None:
+            return res, 0
+        alt = ball_attack(surrogate, x0, rad, **attack)
+        judge = batch_size or attack_batch_size(method.score, alt.x[:1], len(alt.x))
+        with torch.no_grad():  # the pre-processing's own gradient is enabled inside the score
+            alt_score = torch.cat([method.score(b) for b in alt.x.split(judge)])
+    take = alt_score > res.score
+    res = AttackResult(
+        torch.where(take.view(-1, *[1] * (alt.x.ndim - 1)), alt.x, res.x),
+        torch.where(take, alt_score, res.score),
+        torch.where(take.to(alt.distance.device), alt.distance, res.distance),
+        res.history,
+    )
+    return res, int(take.sum())
+
+
+@dataclass
+class AdversarialResult:
+    """The adversarial-noise experiment (Table 1, Figures 2 and 3), as saved and loaded.
+
+    ``radii`` and ``bound`` are NaN for *uncertified* centres (no certified ball: CCU's bound at
+    ``R = 0`` is above the level); only certified centres are attacked, so ``worst_x[m]`` and
+    ``worst_score[m]`` follow ``centres[certified]``. ``summary`` is ``table1.json``.
+    """
+
+    summary: dict
+    centres: np.ndarray
+    radii: np.ndarray
+    bound: np.ndarray
+    worst_x: dict[str, np.ndarray] = field(default_factory=dict)
+    worst_score: dict[str, np.ndarray] = field(default_factory=dict)
+    directory: Path | None = None
+
+    @property
+    def certified(self) -> np.ndarray:
+        return ~np.isnan(self.radii)
+
+    @property
+    def seeds(self) -> np.ndarray:
+        """The earlier name of :attr:`centres`."""
+        return self.centres
+
+    @property
+    def methods(self) -> dict[str, dict]:
+        """Per method: TE, SR, AUC over the certified centres, attack time, checks."""
+        return self.summary[METHODS]
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        store.write_npz(
+            directory / store.ADVERSARIAL,
+            seeds=self.centres,  # the arrays' key of before the rename
+            radii=self.radii,
+            bound=self.bound,
+            **{f"{k}_worst_x": v for k, v in self.worst_x.items()},
+            **{f"{k}_worst_score": v for k, v in self.worst_score.items()},
+        )
+        store.write_json(directory / store.TABLE1, self.summary)  # last: the marker
+
+    @classmethod
+    def load(cls, directory: Path) -> AdversarialResult:
+        directory = Path(directory)
+        summary = store.read_json(directory / store.TABLE1)
+        arrays = store.read_npz(directory / store.ADVERSARIAL)
+        try:
+            names = list(summary[METHODS])
+            return cls(
+                summary,
+                arrays["seeds"],
+                arrays["radii"],
+                arrays["bound"],
+                {m: arrays[f"{m}_worst_x"] for m in names},
+                {m: arrays[f"{m}_worst_score"] for m in names},
+                directory,
+            )
+        except KeyError as exc:
+            raise CorruptResultError(
+                f"{directory / store.ADVERSARIAL} lacks {exc}; delete {directory} to recompute."
+            ) from exc
+
+
+def attack_key(balls: Balls, config: dict, prof: Profile, seed: int) -> str:
+    """What identifies one method's attack: the balls, the method's run (config key and files)
+    and the attack's budget, step (:data:`TABLE1_GRADIENT`) and seed (the chunking is not part
+    of it: it does not change the attack); ``config``: the run's ``config.json``."""
+    return digest(
+        balls.key, store.config_key(config), config.get("files"), prof.attack_steps,
+        prof.attack_restarts, seed, TABLE1_GRADIENT,
+    )  # fmt: skip
+
+
+def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, attack_batch=None):
+    """One method's attack in the certified ``balls`` (Table 1's row: TE, SR, AUC, ...), or
+    its saved result when the same attack already finished in ``directory``. A method with a
+    certifier (CCU, CCU-<family>) is also judged against its own Corollary 1 bound over the
+    balls (its row's ``certificate``, :func:`_own_certificate`). Saves
+    ``attack.<name>.json|npz`` and returns ``(row, worst points, worst scores)``."""
+    key = attack_key(balls, run.config, prof, seed)
+    meta, arrays = store.attack_files(directory, name)
+    certifier = run.method.certifier()
+    if meta.exists():
+        saved = store.read_json(meta)
+        row = saved.get(ATTACK_ROW, {})
+        if saved.get(ATTACK_KEY) == key and (certifier is None or CERTIFICATE in row):
+            got = store.read_npz(arrays) if arrays.exists() else None
+            if got is None:
+                raise CorruptResultError(
+                    f"{arrays} is missing though {meta} lists it; delete both to re-attack."
+                )
+            return row, got["worst_x"], got["worst_score"]
+    m = run.method
+    m.model.eval()
+    test_error = Metrics.from_json(run.metrics).test_error
+    ok = balls.ok
+    centres, radii = balls.centres[ok], balls.radii[ok]
+    start = time.perf_counter()
+    if len(centres):
+        res, won = attack_method(
+            m, centres, radii, balls.metric.to(m.device), prof.attack_steps,
+            prof.attack_restarts, seed, batch_size=attack_batch, gradient=TABLE1_GRADIENT,
+        )  # fmt: skip
+        worst = res.score.detach().cpu().double().numpy()
+        bad = np.flatnonzero(~np.isfinite(worst))
+        if len(bad):  # index among all centres, as Figure 2 and radii.csv count them
+            which = torch.nonzero(ok).flatten()[torch.from_numpy(bad)].tolist()
+            store.check_scores(
+                name, f"the attacked points of centre(s) {', '.join(map(str, which[:10]))}", worst
+            )
+        worst_x = res.x.detach().cpu().numpy()
+        ratio = torch.where(radii > 0, res.distance.cpu() / radii.clamp_min(1e-300), 0.0)
+        test_scores = run.scores["test"]
+        row = {
+            TE: test_error,
+            SR: ev.success_rate(worst, test_scores),
+            AUC: ev.strict_auc(test_scores, worst),
+            MAX_DISTANCE_OVER_RADIUS: float(ratio.max()),
+            SEEDS_WON_BY_SURROGATE: won,
+            ATTACK_GRADIENT: TABLE1_GRADIENT,
+        }
+    else:  # no certified ball: nothing to attack
+        worst = np.zeros(0)
+        worst_x = np.zeros((0, *centres.shape[1:]), dtype=np.float32)
+        row = {TE: test_error, SR: float("nan"), AUC: float("nan")}
+        row.update({MAX_DISTANCE_OVER_RADIUS: 0.0, SEEDS_WON_BY_SURROGATE: 0})
+    row[N_ATTACKED] = len(centres)
+    row[ATTACK_SECONDS] = time.perf_counter() - start
+    if certifier is not None:  # its certificate over these balls, judged in float64
+        own = balls.radii if _is_ball_run(name, run, balls) else None
+        row[CERTIFICATE] = _own_certificate(
+            certifier, worst_x, balls.centres, balls.radii, ok, balls.level,
+            run.scores["test_confidence"], own,
+        )  # fmt: skip
+    store.write_npz(arrays, worst_x=worst_x, worst_score=worst)
+    store.write_json(meta, {ATTACK_KEY: key, ATTACK_ROW: row})  # last: marks the attack as finished
+    return row, worst_x, worst
+
+
+def _is_ball_run(name: str, run: RunResult, balls: Balls) -> bool:
+    """Whether ``run`` is the run that certified ``balls`` (its radii are its own)."""
+    return name == balls.summary[BALLS_FROM] and run.config.get("files") == balls.ball_run_files
+
+
+#: steps of each ascent of :func:`density_peaks` (log p_in, then the confidence)
+PEAK_STEPS = 40
+
+
+def density_peaks(model, centres, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) -> torch.Tensor:
+    """Per ball ``d(x, centre) <= R`` (and the box), a point where the in-density is high and
+    one where the confidence is high: projected ascent of ``log p_in`` from the centre in
+    whitened coordinates (float64, as :func:`ccu.core.density_check.check_density` does), then ascent
+    on the model's confidence from that point. Returns ``(2N, ...)``: the ends of both ascents
+    (the first N, then the second N), always inside their balls and the box.
+
+    A density whose upper bound is too small is found here: its bound certifies balls around
+    noise that contain in-distribution components, where the confidence is high."""
+    metric = model.metric
+    W = metric.whitening.double()
+    W_inv = metric.unwhitening.double()
+    shape = centres.shape[1:]
+    x0 = centres.reshape(len(centres), -1).to(W.device, torch.float64)
+    r = radii.to(W.device, torch.float64)[:, None]
+    dens = copy.deepcopy(model.density_in).double().eval()
+
+    def project(x):  # into the box, then towards the centre into the ball: inside both
+        if box is not None:
+            x = x.clamp(*box)
+        norm = ((x - x0) @ W).norm(dim=1, keepdim=True)
+        return x0 + (x - x0) * torch.where(norm > r, r * (1 - 1e-9) / norm.clamp_min(1e-300), 1.0)
+
+    def log_confidence(w):
+        x = (w @ W_inv).to(torch.get_default_dtype()).reshape(len(w), *shape)
+        return model(x).max(dim=1).values
+
+    # first step: a quarter of the ball, at most the centre's distance to the box's far side
+    far = x0 if box is None else torch.where(x0 < (box[0] + box[1]) / 2, box[1], box[0])
+    first = torch.minimum(r, ((far - x0) @ W).norm(dim=1, keepdim=True)) / 4
+    ends, x = [], x0
+    for objective in (dens.log_prob_whitened, log_confidence):
+        step = first.clone()
+        for _ in range(steps):  # normalised gradient steps, kept where they go up (backtracking)
+            w = (x @ W).detach().requires_grad_(True)
+            value = objective(w)
+            (g,) = torch.autograd.grad(value.sum(), w)
+            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
+            new = project(((w + step * g) @ W_inv).detach())
+            with torch.no_grad():
+                up = (objective(new @ W) > value.detach())[:, None]
+            x = torch.where(up, new, x)
+            step = torch.where(up, step * 1.5, step * 0.5)
+        ends.append(x)
+    return torch.cat(ends).reshape(-1, *shape).cpu()
+
+
+def _own_certificate(
+    model, worst_x, centres, radii, ok, level, test_confidence, own_radius=None
+) -> dict:
+    """A certifying method's worst points against its own bound over the balls (float64), and
+    its own certified radii and certified AUC on the same centres.
+
+    Two kinds of points: the attack's worst points in the balls of ``radii`` and, in the
+    method's *own* certified balls, the points of :func:`density_peaks` (highest in-density,
+    then highest confidence). ``bound_violations`` counts both (``attack_bound_violations``,
+    ``peak_bound_violations``): any is a false certificate."""
+    if own_radius is None:  # the ball method's own radii are the balls' radii
+        own_radius = certified_radius(model, centres, level=level).cpu()
+    own_ok = certified_mask(own_radius)
+    own_bound = torch.ones_like(own_radius)  # uncertified: no guarantee
+    if bool(own_ok.any()):
+        own_bound[own_ok] = confidence_bound(model, centres[own_ok], own_radius[own_ok]).cpu()
+    out = {
+        N_OWN_CERTIFIED: int(own_ok.sum()),
+        MEDIAN_OWN_RADIUS: median(own_radius[own_ok]) if bool(own_ok.any()) else None,
+        OWN_CERTIFIED_AUC: ev.strict_auc(test_confidence, own_bound.numpy()),
+        BOUND_VIOLATIONS: 0,
+        ATTACK_BOUND_VIOLATIONS: 0,
+        PEAK_BOUND_VIOLATIONS: 0,
+        PEAK_MAX_CONFIDENCE_FLOAT64: None,
+        POINTS_OUTSIDE_BALLS: 0,
+        MAX_CONFIDENCE_FLOAT64: None,
+        MAX_FLOAT32_DEVIATION: 0.0,
+        MAX_BOUND_OVER_BALLS: None,
+    }
+    if bool(own_ok.any()):
+        was_training = model.training
+        model.eval()
+        own_centres, own = centres[own_ok], own_radius[own_ok]
+        peaks = density_peaks(model, own_centres, own)
+        peak = check_certificate(model, peaks, torch.cat([own_centres, own_centres]), own.repeat(2))
+        out[PEAK_BOUND_VIOLATIONS] = int(peak.violated.reshape(2, -1).any(0).sum())
+        out[PEAK_MAX_CONFIDENCE_FLOAT64] = float(peak.confidence64.max())
+        out[BOUND_VIOLATIONS] = out[PEAK_BOUND_VIOLATIONS]
+        model.train(was_training)
+    if bool(ok.any()):
+        check = check_certificate(model, torch.from_numpy(worst_x), centres[ok], radii[ok])
+        out.update(
+            {
+                ATTACK_BOUND_VIOLATIONS: check.n_violations,
+                BOUND_VIOLATIONS: check.n_violations + out[PEAK_BOUND_VIOLATIONS],
+                POINTS_OUTSIDE_BALLS: check.n_outside,
+                MAX_CONFIDENCE_FLOAT64: float(check.confidence64.max()),
+                MAX_FLOAT32_DEVIATION: check.max_float32_deviation,
+                MAX_BOUND_OVER_BALLS: float(check.bound.max()),
+            }
+        )
+    return out
+
+
+def saved_balls(directory: Path) -> Balls:
+    """The balls certified for a run's attack (``ccu balls``), or :class:`ccu.run.checks.MissingError`
+    saying how to certify them."""
+    from ccu.run.checks import MissingError
+
+    if not Balls.exists(directory):
+        raise MissingError(
+            f"no certified balls in {directory}: run `ccu balls` (CCU trained) first, or attack "
+            "together with CCU (`ccu attack --method CCU ...`)."
+        )
+    return Balls.load(directory)
+
+
+def ensure_balls(name: str, run: RunResult, data: Dataset, prof: Profile, seed, level, directory):
+    """The balls of ``run`` (a certifying method, ``name``) in ``directory``: the saved ones when
+    the same run certified them at the same level and number of centres, else certified now
+    (:func:`ccu.run.balls.certify_balls`) and saved. Always the balls as read back from the file
+    (the attack uses the metric the file holds, in every process)."""
+    if Balls.exists(directory):
+        saved = Balls.load(directory)
+        same = (saved.summary.get(BALLS_FROM), saved.summary.get(N_CENTRES), saved.level)
+        if saved.ball_run_files == run.config.get("files") and same == (
+            name,
+            prof.n_centres,
+            level,
+        ):
+            return saved
+    balls = certify_balls(
+        name, run.method.certifier(), run.scores["test_confidence"], data, prof.n_centres, seed,
+        level, run.config.get("files"),
+    )  # fmt: skip
+    balls.save(directory)
+    return Balls.load(directory)
+
+
+def assemble(balls: Balls, rows: dict, worst_x: dict, worst_score: dict) -> AdversarialResult:
+    """Table 1 from the balls and each method's attack (:func:`attack_in_balls`): the balls'
+    summary, the ball method's certificate repeated in it (``ccu_bound_violations``, ...) and
+    every method's row. The ball method must be among ``rows``."""
+    ball_method = balls.summary[BALLS_FROM]
+    if ball_method not in rows:
+        raise ValueError(f"Table 1 needs the attack on {ball_method}, whose balls it attacks.")
+    summary = dict(balls.summary, **ball_certificate_summary(rows[ball_method][CERTIFICATE]))
+    summary[METHODS] = rows
+    return AdversarialResult(
+        summary, balls.centres.numpy(), balls.radii.numpy(), balls.bound.numpy(), worst_x,
+        worst_score,
+    )  # fmt: skip
+
+
+def adversarial_noise(
+    runs: dict[str, RunResult],
+    data: Dataset,
+    profile: str | Profile = "smoke",
+    seed: int = 0,
+    root=None,
+    level: float = 1.1,
+    attack_batch: int | None = None,
+) -> AdversarialResult:
+    """Table 1: certify balls around uniform noise with CCU, attack every method inside them.
+
+    The balls come from the ``"CCU"`` run (else the first run whose method has a certifier): its
+    metric and certified radii (:func:`ensure_balls`, saved as ``balls.json|npz``: later
+    processes attack other methods in the same balls without CCU's model, ``ccu attack``).
+    Every method with a certifier (``CCU``, ``CCU-<family>``) is also checked against its own
+    Corollary 1 bound over those balls (``certificate`` in its row). The ``n_centres``
+    uniform-noise centres (:attr:`ccu.Profile.n_centres`) whose bound at ``R = 0`` is above
+    ``level / M`` are **uncertified**: they get no ball, are not attacked and are counted apart
+    (``n_certified``, ``n_uncertified``). Per method, over the certified centres: TE, SR, AUC
+    (strict: ties are failures), the worst scores and points. The certified AUC counts
+    uncertified centres as failures (no guarantee there). CCU's worst points are judged by the
+    float64 model (:func:`ccu.check_certificate`). Methods attacked before a kill are not
+    attacked again. ``attack_batch``: iterates per score evaluation of the attack (``None``:
+    sized to the device's free memory, :func:`ccu.core.attacks.attack_batch_size`; the paper's 200
+    centres x 50 restarts run in a few chunks on a GPU). Saves ``table1.json`` and
+    ``adversarial.npz`` and returns what they hold. Chapter *Adversarial noise*
+    (``book/adversarial_noise.ipynb``).
+    """
+    certifying = [n for n, r in runs.items() if r.method.certifier() is not None]
+    if not certifying:
+        raise ValueError(
+            "adversarial noise needs a trained CCU run (or another method with a certifier): its "
+            "certified balls."
+        )
+    ball_method = "CCU" if "CCU" in certifying else certifying[0]
+    prof = profile if isinstance(profile, Profile) else get_profile(profile, data.name)
+    directory = store.adversarial_dir(prof, data.name, root, seed)
+    with store.locked(directory, "the adversarial-noise experiment"):
+        balls = ensure_balls(ball_method, runs[ball_method], data, prof, seed, level, directory)
+        n_balls = int(balls.ok.sum())
+        per_method, worst_x, worst_score = {}, {}, {}
+        bar = progress_bar(runs.items(), f"attack {data.name} ({n_balls} balls)", len(runs))
+        for name, run in bar:
+            bar.set_postfix_str(name)
+            per_method[name], worst_x[name], worst_score[name] = attack_in_balls(
+                name, run, balls, prof, seed, directory, attack_batch
+            )
+            took = per_method[name].get(ATTACK_SECONDS, 0.0)
+            log(f"attacked {name} on {data.name} in {n_balls} balls ({took:.1f} s)")
+        result = assemble(balls, per_method, worst_x, worst_score)
+        result.save(directory)
+        summary = result.summary
+        log(
+            f"adversarial noise on {data.name}: {summary[N_CERTIFIED]} of {prof.n_centres} centres "
+            f"certified, CCU bound violations {summary[CCU_BOUND_VIOLATIONS]}"
+        )
+        return AdversarialResult.load(directory)

@@ -1,0 +1,60 @@
+"""``ccu compare-densities``: CCU's density families side by side on one dataset (chapter *Try
+your own density model*).
+
+Trains each family's CCU (same data, seed and classifier), certifies uniform-noise balls with
+the first family, attacks every family in those balls and checks each family's own certificate
+(also at the density peaks of its own balls; :mod:`ccu.run.adversarial_noise`). Writes the configs,
+metrics, ``table1.json`` and ``comparison.csv`` with provenance to
+``<results>/densities/<profile>/<dataset>/``, or with ``reference=True`` to the tracked
+``reference-results/densities/<profile>/<dataset>/`` that the chapter shows.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from ccu.core.settings import Profile
+from ccu.report import tables as report
+from ccu.run import experiment as E
+from ccu.run.adversarial_noise import adversarial_noise
+from ccu.run.steps import device_name
+from ccu.store import reference_results as reference
+from ccu.store import results as store
+from ccu.store.records import COMMIT, DEVICE
+
+
+def output_dir(dataset: str, prof: Profile, root=None, reference_copy: bool = False) -> Path:
+    """Where the comparison goes: ``<results>/densities/<profile>/<dataset>``, or under the
+    tracked reference results when ``reference_copy``."""
+    base = reference.REFERENCE_RESULTS if reference_copy else store.root_dir(root)
+    return base / "densities" / prof.name / dataset
+
+
+def compare_densities(
+    dataset: str, families, prof: Profile, seed: int = 0, device: str = "cpu", root=None,
+    reference_copy: bool = False,
+) -> tuple[Path, pd.DataFrame]:  # fmt: skip
+    """Train, certify and attack ``families`` (method names: ``CCU``, ``CCU-<family>``) on
+    ``dataset`` and write the comparison (module docstring); returns its folder and table
+    (:func:`ccu.report.tables.density_comparison`)."""
+    start = time.perf_counter()
+    data = E.run_data(dataset, prof, seed)
+    runs = {m: E.run_method(dataset, m, prof, seed, device, data=data, root=root) for m in families}
+    adv = adversarial_noise(runs, data, prof, seed, root=root)
+    out = output_dir(dataset, prof, root, reference_copy)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = reference.current_commit()
+    for name, run in runs.items():
+        reference.write_method(out, name, dict(run.config, **{COMMIT: commit, DEVICE: device}),
+                               run.metrics)  # fmt: skip
+    seconds = time.perf_counter() - start
+    table1 = dict(adv.summary, **reference.provenance(commit, device, device_name(device), seconds))
+    reference.write_table1(out, table1)
+    table = report.density_comparison(
+        {m: r.metrics for m, r in runs.items()}, table1, {m: r.config for m, r in runs.items()}
+    )
+    reference.write_comparison(out, table)
+    return out, table

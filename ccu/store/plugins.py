@@ -1,0 +1,119 @@
+"""Import a user's modules that register density families (or methods) before a command runs.
+
+A family written with :func:`ccu.register_density` exists only in the process that imported its
+module. ``ccu ... --plugin MODULE`` (repeatable), the workflow's config key ``plugins`` and
+``ccu compare-densities --plugin`` import such modules first, so that ``CCU-<name>`` trains,
+loads and is attacked from the command line too. ``MODULE`` is a module name importable from the
+current directory or ``PYTHONPATH`` (``my_densities``, ``pkg.densities``) or the path of a
+``.py`` file (``densities/studentt.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+class PluginError(ValueError):
+    """A plugin could not be imported (the message is one line and names it)."""
+
+
+class PluginNotFoundError(PluginError, FileNotFoundError):
+    """A plugin's file or module does not exist."""
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.endswith(".py") or os.sep in spec or (os.altsep or os.sep) in spec
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def load_plugin(spec: str) -> ModuleType:
+    """Import one plugin (a module name or a ``.py`` path); its decorators register its
+    families. Importing the same plugin twice returns the module imported first."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise PluginError(f"--plugin needs a module name or a .py file; got {spec!r}.")
+    spec = spec.strip()
+    if _looks_like_path(spec):
+        path = Path(spec).expanduser().resolve()
+        if not path.is_file():
+            raise PluginNotFoundError(f"plugin file {spec} does not exist.")
+        name = f"ccu_plugin_{path.stem}_{abs(hash(str(path))):x}"
+        if name in sys.modules:
+            return sys.modules[name]
+        loader = importlib.util.spec_from_file_location(name, path)
+        if loader is None or loader.loader is None:
+            raise PluginError(f"plugin {spec} is not a Python file that can be imported.")
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[name] = module
+        try:
+            loader.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise PluginError(f"plugin {spec} failed to import: {_one_line(exc)}") from exc
+        return module
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:  # the console script does not add it
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        if exc.name and spec.split(".")[0] == exc.name.split(".")[0]:
+            raise PluginNotFoundError(
+                f"plugin {spec!r}: no module of that name in the current directory or on "
+                "PYTHONPATH (or pass the path of a .py file)."
+            ) from exc
+        raise PluginError(f"plugin {spec} failed to import: {_one_line(exc)}") from exc
+    except Exception as exc:
+        raise PluginError(f"plugin {spec} failed to import: {_one_line(exc)}") from exc
+
+
+def load_plugins(specs) -> list[ModuleType]:
+    """:func:`load_plugin` for each of ``specs`` (None or empty: nothing), in order."""
+    if specs is None:
+        return []
+    if isinstance(specs, str):
+        specs = [specs]
+    return [load_plugin(s) for s in specs]
+
+
+def code_identity(classes) -> list[dict] | None:
+    """What identifies the code of a run's classes that live outside the ``ccu`` package (a
+    plug-in's method, a user's density family): per class its name, the file it came from (its
+    name, no machine path) and the sha256 of that file's source (of the class's own source when
+    it was defined in a notebook cell). None when every class is the library's own (its
+    version identifies it). A run records this in its config (:data:`ccu.store.results.PLUGIN_CODE`),
+    so a run of edited plug-in code never reuses results of other code."""
+    import hashlib
+    import inspect
+
+    out = []
+    for cls in classes:
+        module = getattr(cls, "__module__", "") or ""
+        if module == "ccu" or module.startswith("ccu."):
+            continue
+        try:
+            path = inspect.getsourcefile(cls)
+            source = Path(path).read_bytes() if path and Path(path).is_file() else None
+        except (TypeError, OSError):
+            path, source = None, None
+        if source is None:  # a notebook cell: the class's own source
+            try:
+                source = inspect.getsource(cls).encode()
+            except (TypeError, OSError):
+                source = repr(sorted(vars(cls))).encode()  # at least its attributes' names
+        out.append(
+            {
+                "class": cls.__qualname__,
+                "file": Path(path).name if path else module,
+                "sha256": hashlib.sha256(source).hexdigest(),
+            }
+        )
+    return out or None

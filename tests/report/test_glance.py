@@ -1,0 +1,123 @@
+"""Reproduction at a glance (:mod:`ccu.report.glance`) on a fake reference-results tree."""
+
+import json
+
+import numpy as np
+import pytest
+
+from ccu import report
+from ccu.report import glance
+
+
+def _write(root, profile, dataset, method, auroc, te=0.01, sr=0.0, auc=1.0, min_conf=0.3):
+    d = root / profile / dataset
+    d.mkdir(parents=True, exist_ok=True)
+    metrics = {
+        "test_error": te,
+        "n_test": 1000,
+        "min_confidence": min_conf,
+        "n_below_1.1_over_M": 2,
+        "ood": {"fmnist": {"auroc": auroc, "aupr_in": auroc}, "emnist": {"skipped": "offline"}},
+    }
+    config = {"seed": 0, "commit": f"c0ffee{profile}", "ccu_version": "9.9", "device": "cpu"}
+    config["profile"] = {"name": profile}
+    (d / f"{method}.metrics.json").write_text(json.dumps(metrics))
+    (d / f"{method}.config.json").write_text(json.dumps(config))
+    t1 = json.loads((d / "table1.json").read_text()) if (d / "table1.json").exists() else {}
+    t1.setdefault("methods", {})[method] = {"TE": te, "SR": sr, "AUC": auc}
+    t1["device_name"] = "fake device"
+    (d / "table1.json").write_text(json.dumps(t1))
+
+
+def _paper(table, **keys):
+    t = report.paper_table(table)
+    for k, v in keys.items():
+        t = t[t[k] == v]
+    return float(t.value.iloc[0])
+
+
+def test_the_best_profile_per_method_and_the_differences(tmp_path):
+    _write(tmp_path, "cpu", "mnist", "Base", 0.90)
+    _write(tmp_path, "cpu", "mnist", "CCU", 0.91)
+    _write(tmp_path, "cpu", "mnist-offline", "OE", 0.92)
+    _write(tmp_path, "paper", "mnist", "CCU", 0.99, min_conf=0.35)
+    comp = glance.comparison(tmp_path)
+    row = comp[(comp.dataset == "MNIST") & (comp.table == "Table 2") & (comp.key == "FMNIST")]
+    ccu_row = row[row.method == "CCU"].iloc[0]
+    assert ccu_row.profile == "paper" and ccu_row.ours == pytest.approx(99.0)
+    paper = _paper("table2_ood_auc", in_dataset="MNIST", ood_dataset="FMNIST", method="CCU")
+    assert ccu_row.paper == paper and ccu_row["diff"] == pytest.approx(99.0 - paper)
+    base = row[row.method == "Base"].iloc[0]
+    assert base.profile == "cpu" and base.run == "mnist" and base.ours == pytest.approx(90.0)
+    oe = row[row.method == "OE"].iloc[0]
+    assert oe.run == "mnist-offline" and oe.commit.startswith("c0ffee")
+    assert np.isnan(row[row.method == "MCD"].iloc[0].ours)  # not run: no number of ours
+    emnist = comp[(comp.table == "Table 2") & (comp.key == "EMNIST") & (comp.method == "CCU")]
+    assert np.isnan(emnist.iloc[0].ours)  # skipped set: no number
+    te = comp[(comp.table == "Table 1") & (comp.key == "TE") & (comp.method == "CCU")]
+    assert te[te.dataset == "MNIST"].iloc[0].ours == pytest.approx(1.0)
+    ps = comp[(comp.table == "P_Stats") & (comp.dataset == "MNIST")].set_index("key")
+    assert ps.loc["min p(y|x) %"].ours == pytest.approx(35.0)
+    assert ps.loc["% < 1.1/M"].ours == pytest.approx(0.2)
+    s = glance.summary(comp)
+    assert 0 < s["n_compared"] < s["n_paper"]
+    hm = glance.heatmap_frame(comp, "MNIST")
+    assert list(hm.columns) == ["Base", "OE", "CCU"]  # methods with a number, paper order
+
+
+def test_status_matrix_and_it_updates_when_results_are_committed(tmp_path):
+    _write(tmp_path, "cpu", "mnist", "CCU", 0.91)
+    st = glance.status_matrix(tmp_path)
+    assert st.loc["MNIST", "CCU"] == "cpu"
+    assert st.loc["MNIST", "Base"] == "not run"
+    assert st.loc["SVHN", "CCU"] == "no offline copy"
+    assert st.loc["CIFAR10", "CCU"] == "not run"  # the JPEG copy is offline: it could be run
+    _write(tmp_path, "paper-e30", "mnist", "CCU", 0.95)
+    _write(tmp_path, "cpu", "cifar10-offline", "Base", 0.8)
+    st = glance.status_matrix(tmp_path)
+    assert st.loc["MNIST", "CCU"] == "reduced (paper-e30)"
+    assert st.loc["CIFAR10", "Base"] == "cpu (cifar10-offline)"
+    _write(tmp_path, "paper", "mnist", "CCU", 0.99)
+    assert glance.status_matrix(tmp_path).loc["MNIST", "CCU"] == "paper protocol"
+    assert list(glance.status_matrix(tmp_path).index) == list(glance.PAPER_DATASETS)
+
+
+def test_the_papers_layout_one_grid_per_run_never_mixing_runs(tmp_path):
+    """Table 1 as the paper prints it (rows TE / SR / AUC, columns the methods in its order),
+    each cell ours over the paper's; a method only another run has is "—" in this run's grid."""
+    _write(tmp_path, "cpu", "mnist", "Base", 0.90, te=0.012, sr=1.0, auc=0.05)
+    _write(tmp_path, "cpu", "mnist", "CCU", 0.91)
+    _write(tmp_path, "paper", "mnist", "OE", 0.99)
+    runs = {r["profile"]: r for r in glance.every_run(tmp_path)}
+    assert list(runs) == ["paper", "cpu"]  # the paper's protocol first
+    grid = glance.paper_grid(runs["cpu"], "Table 1")
+    assert list(grid.index) == ["TE", "SR", "AUC"]
+    assert (
+        list(grid.columns)
+        == report.paper_table("table1_adversarial_noise")
+        .query("dataset == 'MNIST'")
+        .method.unique()
+        .tolist()
+    )  # every method of the paper's Table 1, in its order
+    te_paper = _paper("table1_adversarial_noise", dataset="MNIST", method="Base", metric="TE")
+    assert grid.loc["TE", "Base"] == f'1.2<br><span class="ccu-paper">{te_paper:.1f}</span>'
+    assert grid.loc["TE", "OE"].startswith("—<br>")  # OE is in the paper run only: not here
+    assert glance.paper_grid(runs["paper"], "Table 1").loc["TE", "OE"].startswith("1.0<br>")
+    t2 = glance.paper_grid(runs["cpu"], "Table 2")
+    assert "FMNIST" in t2.index and t2.loc["FMNIST", "CCU"].startswith("91.0<br>")
+    stats = glance.paper_grid(runs["cpu"], "P_Stats")
+    assert list(stats.columns) == ["CCU"] and stats.loc["# < 1.1/M", "CCU"].startswith("2<br>")
+    html = glance.grid_html(grid, "Table 1")
+    assert 'class="ccu-grid"' in html and "Table 1" in html
+    with pytest.raises(ValueError, match="table must be one of"):
+        glance.paper_grid(runs["cpu"], "Table 9")
+
+
+def test_every_run_in_plain_words_with_the_papers_protocol_first(tmp_path):
+    _write(tmp_path, "cpu", "mnist-offline", "CCU", 0.91)
+    words = glance.runs_in_plain_words(tmp_path)
+    assert words.index[0] == "the paper" and words.loc["the paper", "epochs"] == "100"
+    (title,) = words.index[1:]
+    assert title.startswith("MNIST (stand-in: mnist-offline), reduced profile 'cpu'")
+    assert "8,000 train / 2,000 test" in words.loc[title, "data (train / test images)"]
+    assert glance.profile_words("paper-e30") == "the paper's protocol cut to 30 epochs"

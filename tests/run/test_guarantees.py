@@ -1,0 +1,128 @@
+"""Certificates around OOD test sets and the guaranteed AUC (:mod:`ccu.run.guarantees`): the numbers
+against their definitions on a random model, and the CLI step on a tiny saved run."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import random_ccu
+
+import ccu
+from ccu import cli
+from ccu.core import evaluate as ev
+from ccu.core import guarantees as certificates
+from ccu.core import lp
+from ccu.report import guarantees as shown
+from ccu.run import guarantees, steps
+from ccu.store import results as store
+from ccu.store.records import RunSpec
+
+TINY = {"epochs": 1, "n_train": 300, "n_centres": 4, "attack_steps": 2, "attack_restarts": 1}
+
+
+def test_certify_sets_follows_the_definitions():
+    model = random_ccu(2, d=4)
+    gen = torch.Generator().manual_seed(0)
+    near = model.density_in.means.detach()[:2] + 0.01  # not certified
+    far = 30 + 5 * torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    conf_in = np.array([0.9, 0.95, 0.3, 0.26])
+    sets = {"test": near, "far": torch.cat([near, far])}
+    out = guarantees.certify_sets(model, sets, conf_in, eps_inf=(0.0, 0.5), eps_2=(1.0,))
+    t, f = out["sets"]["test"], out["sets"]["far"]
+    assert "certified_auc" not in t and t["n_certified"] == 0 and t["radius"]["q50"] is None
+    radius = ccu.certified_radius(model, sets["far"])
+    ok = ccu.certified_mask(radius)
+    assert f["n_certified"] == int(ok.sum()) == 6 and f["share_certified"] == 0.75
+    assert f["radius"]["q50"] == pytest.approx(float(radius[ok].median().double()), rel=1e-9) or (
+        f["radius"]["q50"] == pytest.approx(float(radius[ok].quantile(0.5)))
+    )
+    k2, kinf = lp.lp_norm_factor(model.metric, 2), lp.lp_norm_factor(model.metric)
+    assert f["inner_l2_radius"]["max"] == pytest.approx(float(radius[ok].max()) / k2)
+    assert f["inner_linf_radius"]["min"] == pytest.approx(float(radius[ok].min()) / kinf)
+    bound = torch.ones(8, dtype=torch.float64)
+    bound[ok] = ccu.confidence_bound(model, sets["far"][ok], radius[ok])
+    assert f["certified_auc"] == pytest.approx(ev.strict_auc(conf_in, bound.numpy()))
+    # uncertified points fail: 2 of 8 OOD points lose against every in-point
+    assert f["certified_auc"] <= 6 / 8
+    b = ccu.lp_confidence_bound(model, sets["far"], 0.5).numpy()
+    assert f["gauc_inf"]["0.5"]["gauc"] == pytest.approx(lp.guaranteed_auc(conf_in, b))
+    b2 = ccu.lp_confidence_bound(model, sets["far"], 1.0, p=2).numpy()
+    assert f["gauc_2"]["1"]["gauc"] == pytest.approx(lp.guaranteed_auc(conf_in, b2))
+    assert out["kappa_inf"]["lower"] <= out["kappa_inf"]["upper"]
+    assert out["kappa_2"] == pytest.approx(1 / math.sqrt(float(model.metric.eigenvalues.min())))
+    rows = shown.summary_rows(dict(out, field_eps_inf=0.5))
+    assert [r["set"] for r in rows] == ["test", "far"] and rows[1]["gauc_field_eps"] is not None
+
+
+def test_the_field_eps_of_good_and_prood():
+    assert certificates.kind((1, 28, 28)) == "grey" and certificates.kind((3, 32, 32)) == "colour"
+    assert certificates.FIELD_EPS == {"grey": 0.3, "colour": 0.01}
+    for k, eps in certificates.FIELD_EPS.items():
+        assert eps in certificates.LINF_SWEEP[k]
+
+
+def test_evaluate_guarantees_writes_and_reference_copies(tmp_path, capsys):
+    res, ref = tmp_path / "results", tmp_path / "ref"
+    common = ["--profile", "smoke", "--overrides", json.dumps(TINY), "--results", str(res)]
+    common += ["--device", "cpu", "--no-progress"]
+    argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--reference-out", str(ref)]
+    assert cli.main([*argv, *common]) == cli.EXIT_OK
+    from ccu.run.config import get_profile
+
+    prof = get_profile("smoke", **TINY)  # the runs live under the overridden profile's names
+    d = store.method_dir(prof, "digits", "CCU", res, 0)
+    g = json.loads((d / "guarantees.json").read_text())
+    assert g["method"] == "CCU" and g["dataset"] == "digits" and g["field_eps_inf"] == 0.3
+    assert set(g["sets"]) >= {"test", "uniform"}
+    assert not (store.method_dir(prof, "digits", "Base", res, 0) / "guarantees.json").exists()
+    copied = json.loads((ref / prof.label / "digits" / "CCU.guarantees.json").read_text())
+    assert copied == g
+    capsys.readouterr()
+    step = ["--dataset", "digits", "--seed", "0", *common]
+    assert cli.main(["evaluate", *step, "--method", "CCU", "--guarantees"]) == cli.EXIT_OK
+    assert "share_certified" in capsys.readouterr().out
+    assert cli.main(["evaluate", *step, "--method", "Base", "--guarantees"]) == cli.EXIT_USAGE
+
+
+def test_the_committed_field_table_puts_ours_beside_good():
+    """The committed MNIST guarantees (profile cpu) beside GOOD's Table 1 at the same eps; the
+    committed CSV is what :func:`ccu.report.guarantees.field_table` gives (nothing typed by hand)."""
+    import pandas as pd
+
+    from ccu import report
+
+    t = shown.field_table()
+    assert set(t.eps_inf) == {0.3}
+    ours = t[t.source.str.startswith("ours")]
+    assert set(ours.ood_set) >= {"FMNIST", "GrCIFAR10", "Uniform"}
+    assert (ours.GAUC_strict <= ours.GAUC + 1e-9).all()  # ties lose in the strict GAUC
+    good80 = t[(t.method == "GOOD80") & (t.ood_set == "FMNIST")].iloc[0]
+    assert good80.GAUC == 55.5 and "2007.08473" in good80.source
+    csv = report.REFERENCE_RESULTS / "cpu" / "mnist" / "gauc_vs_good.csv"
+    saved = pd.read_csv(csv)
+    assert len(saved) == len(t) and list(saved.method) == list(t.method)
+    assert (saved.GAUC - t.GAUC).abs().max() < 0.01
+    display = shown.field_display(t)  # GOOD's GAUC (ties lose) never in the ties-1/2 column
+    good_row = display[(display.method == "GOOD80") & (display.ood_set == "FMNIST")].iloc[0]
+    assert np.isnan(good_row["GAUC, ties 1/2"]) and good_row["GAUC, ties lose"] == 55.5
+    ours_shown = display[display.source.str.startswith("ours")]
+    assert (ours_shown["GAUC, ties lose"] == ours.GAUC_strict).all()
+    g = shown.committed_guarantees()["CCU mnist (cpu)"]
+    assert g["field_eps_inf"] == 0.3 and "/work" not in json.dumps(g)
+
+
+def test_a_ccu_family_gets_its_own_guarantees(tmp_path):
+    """CCU-<family> (here the diagonal mixtures) is certified by its own densities."""
+    from ccu.data import load_dataset
+    from ccu.run import experiment
+    from ccu.run.config import get_profile
+
+    prof = get_profile("smoke", **TINY)
+    data = load_dataset("digits", seed=0).subset(prof.n_train)
+    run = experiment.run_method("digits", "CCU-diag", prof, 0, "cpu", data=data, root=tmp_path)
+    g = guarantees.run_guarantees(run, data)
+    assert g["method"] == "CCU-diag" and (run.directory / "guarantees.json").exists()
+    assert g["sets"]["uniform"]["share_certified"] > 0.5
+    assert steps.guarantees_one(RunSpec("digits", "Base", prof, 0, "cpu"), tmp_path) is None

@@ -1,0 +1,319 @@
+"""GPU leases on the CPU: each method's part final as it finishes (tools/lease_run.sh), absorbed
+into the committed reference results (tools/lease.py absorb), the next lease planned from them
+(tools/lease.py plan). A lease cut short loses only the methods it had in flight, and a fresh
+machine with only the committed files ends with the same tables as one uninterrupted lease."""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ccu import cli
+from ccu.run import reference
+from ccu.run.config import get_profile
+from ccu.store.results import ResultConflictError
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import lease  # noqa: E402
+
+TINY = {"epochs": 1, "n_train": 200, "n_centres": 6, "attack_steps": 3, "attack_restarts": 1}
+LABEL = get_profile("smoke", "digits", **TINY).label
+TINY_TRAINING_LABEL = get_profile("smoke", "digits", **TINY).training_label
+METHODS = ["CCU", "Base", "ODIN"]
+#: fields that time or date a run: they differ between two runs of the same thing
+CLOCK = {"attack_seconds", "train_seconds", "wall_seconds", "wall_seconds_total", "train_wall_seconds",
+         "wall_seconds_per_method", "train_seconds_per_epoch", "commit", "lanes", "history"}  # fmt: skip
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def lease_run(tmp: Path, machine: str, reference: Path, methods, jobs=2, **env):
+    """One device call of ``tools/lease_run.sh`` on a machine of its own (results, parts)."""
+    out = tmp / f"out-{machine}"
+    full = dict(
+        os.environ, OUT=str(out), CCU_RESULTS=str(tmp / f"results-{machine}"),
+        PARTS=str(tmp / f"parts-{machine}"), REFERENCE=str(reference), PROFILE="smoke",
+        OVERRIDES=json.dumps(TINY), DEVICE="cpu", THREADS="1", JOBS=str(jobs),
+        CCU_DATA_ROOT=str(tmp / "data"), **env,
+    )  # fmt: skip
+    run = subprocess.run(
+        ["bash", "tools/lease_run.sh", "digits", *methods], cwd=REPO, env=full,
+        capture_output=True, text=True, timeout=900, start_new_session=True,
+    )  # fmt: skip
+    return run, out
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k not in CLOCK}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def _results(folder: Path) -> dict:
+    """Every JSON of a reference folder, clock fields aside."""
+    return {p.name: _strip(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))}
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """One uninterrupted lease of the three methods, absorbed into an empty reference."""
+    tmp = tmp_path_factory.mktemp("whole")
+    ref = tmp / "reference"
+    run, out = lease_run(tmp, "one", ref, METHODS)
+    assert run.returncode == 0, run.stdout + run.stderr
+    written = lease.absorb(out, ref)
+    assert list(written) == [ref / LABEL / "digits"]
+    return ref / LABEL / "digits"
+
+
+def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_tables(
+    whole, tmp_path
+):
+    ref = tmp_path / "reference"  # what git holds between the two leases
+    # lease 1 ends after its first part: CCU's, which carries the balls, always goes first
+    # (the Base lane waits for it to be sent); Base and ODIN are lost
+    cut, out = lease_run(tmp_path, "A", ref, METHODS, jobs=2, LEASE_KILL_AFTER_PARTS="1")
+    assert cut.returncode != 0
+    lease.absorb(out, ref)
+    folder = ref / LABEL / "digits"
+    assert lease.committed_parts(folder) == ["CCU"]
+    assert (folder / "balls.npz").exists() and (folder / "table1.json").exists()
+    assert list(json.loads((folder / "table1.json").read_text())["methods"]) == ["CCU"]
+    # the next lease plans from the committed parts only: CCU never runs again
+    calls, later, too_long, problem = lease.plan("digits", ref, LABEL, budget_s=900, jobs=2)
+    assert problem is None
+    planned = [m for methods, _, _ in calls for m in methods] + later + list(too_long)
+    assert "CCU" not in planned and {"Base", "ODIN"} <= set(planned)
+    # a fresh machine (machine B: no results) attacks in the committed balls; a temporary file
+    # that a killed write left among its parts never travels (an archive with it is refused)
+    stray = tmp_path / "parts-B" / LABEL / "digits" / ".Base.config.json.123.tmp"
+    stray.parent.mkdir(parents=True)
+    stray.write_text("half a file")
+    run, out = lease_run(tmp_path, "B", ref, ["Base", "ODIN"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "attacks in the committed balls" in (out / f"{LABEL}-digits.log").read_text()
+    lease.absorb(out, ref)
+    assert lease.committed_parts(folder) == ["Base", "ODIN", "CCU"]
+    mine, theirs = _results(folder), _results(whole)
+    theirs.pop("CCU.guarantees.json")  # lease 1 ended before CCU's guarantees: in flight, lost
+    assert mine == theirs
+
+
+def test_absorb_never_replaces_a_committed_part_nor_mixes_balls(whole, tmp_path):
+    folder = tmp_path / "reference" / LABEL / "digits"
+    shutil.copytree(whole, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    archive = tmp_path / "call" / f"{LABEL}-digits.parts.tgz"
+    archive.parent.mkdir()
+
+    def send(**changed):
+        with tarfile.open(archive, "w:gz") as tf:
+            for p in sorted(whole.iterdir()):
+                data = changed.get(p.name, p.read_bytes())
+                info = tarfile.TarInfo(f"{LABEL}/digits/{p.name}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+    send()  # the same parts again: nothing changes
+    assert lease.absorb(archive.parent, tmp_path / "reference") == {folder: []}
+    other = json.loads((whole / "Base.config.json").read_text())
+    other["files"] = {"model.pt": "0" * 64}
+    send(**{"Base.config.json": json.dumps(other).encode()})
+    said = []
+    lease.absorb(archive.parent, tmp_path / "reference", log=said.append)
+    assert any("Base: a part of another run is committed" in s for s in said)
+    balls = json.loads((whole / "balls.json").read_text())
+    send(**{"balls.json": json.dumps(dict(balls, balls_key="f" * 64)).encode()})
+    rc = lease.main(["absorb", str(archive.parent), "--reference", str(tmp_path / "reference"),
+                     "--no-commit"])  # fmt: skip
+    assert rc == 4
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    archive.write_bytes(archive.read_bytes()[:100])  # cut short in transfer
+    assert lease.main(["absorb", str(archive.parent), "--no-commit"]) == 4
+    archive.unlink()
+    assert lease.main(["absorb", str(archive.parent), "--no-commit"]) == 3
+
+
+def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path):
+    # CCU as measured on 2026-11-27 (525 s with its build) does not fit a call with its attack
+    _, _, too_long, _ = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
+    assert "CCU" in too_long
+    # with its initial fit carried (tools/lease.py prepare) it does
+    calls, later, too_long, problem = lease.plan(
+        "mnist", tmp_path, "paper", budget_s=900, jobs=4, ccu_init=True
+    )
+    first = calls[0][0]
+    assert first[0] == "CCU" and problem is None  # the balls first: every attack needs them
+    # longer than a call even alone (DE: in lanes; GAN measured past 555 s)
+    assert {"ACET", "ACET2", "GAN"} <= set(too_long) and "CCU" not in too_long
+    assert set(first).isdisjoint(later) and set(first).isdisjoint(too_long)
+    assert set(first) | set(later) | set(too_long) | {m for c in calls[1:] for m in c[0]} == set(
+        lease.ALL
+    )
+    spent = lease.START_S
+    for _, lanes, work in calls:
+        assert lanes <= 4 and work <= lease.LONGEST_WORK_S
+        spent += lease.call_timeout(work) + lease.CALL_OVERHEAD_S
+    assert spent <= 900
+    # a lease too short for CCU plans nothing rather than strand a method
+    assert lease.plan("mnist", tmp_path, "paper", budget_s=400, jobs=4, ccu_init=True)[0] == []
+    for m in too_long:
+        assert 1 <= lease.reduced_epochs(m) < 100
+    # CCU committed with balls too big for git: the others can never be attacked in them
+    folder = tmp_path / "paper" / "mnist"
+    folder.mkdir(parents=True)
+    for name in ("CCU.attack.json", "CCU.config.json", "balls.json"):
+        (folder / name).write_text("{}")
+    calls, later, _, problem = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
+    assert calls == [] and "Base" in later and "balls.npz" in problem
+    assert lease.main(["plan", "--dataset", "mnist", "--reference", str(tmp_path)]) == 3
+
+
+def test_a_part_is_never_overwritten_by_another_run(whole, tmp_path):
+    cfg = json.loads((whole / "Base.config.json").read_text())
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "Base.config.json").write_text(json.dumps(dict(cfg, seed=7)))
+    with pytest.raises(ResultConflictError, match="part of another Base run"):
+        reference._refuse_other_run(out, "Base", cfg)
+    # the same configuration trained again (on a GPU: other weights) is another run too
+    (out / "Base.config.json").write_text(json.dumps(dict(cfg, files={"model.pt": "0" * 64})))
+    with pytest.raises(ResultConflictError, match="trained again"):
+        reference._refuse_other_run(out, "Base", cfg)
+    reference._refuse_other_run(whole, "Base", cfg)  # the same run: fine
+    ccu = json.loads((whole / "CCU.config.json").read_text())
+    with pytest.raises(ResultConflictError, match="other balls"):
+        reference._refuse_other_run(whole, "CCU", ccu, balls_key="0" * 64)
+
+
+def test_parts_and_balls_are_absorbed_only_together_with_the_balls_method(whole, tmp_path):
+    """A call cut after Base's part but before CCU's (whose part carries the balls) brings
+    parts attacked in balls that git does not hold: they are not absorbed, nor are balls
+    without CCU's whole part; CCU's part with its balls is, and Base's again after it."""
+    ref = tmp_path / "reference"
+    folder = ref / LABEL / "digits"
+    call = tmp_path / "call"
+    call.mkdir()
+
+    def send(names):
+        with tarfile.open(call / f"{LABEL}-digits.parts.tgz", "w:gz") as tf:
+            for name in names:
+                tf.add(whole / name, f"{LABEL}/digits/{name}")
+
+    base = [p.name for p in whole.glob("Base.*")]
+    ccu = [p.name for p in whole.glob("CCU.*")]
+    balls = ["balls.json", "balls.npz", "radii.csv"]
+    said = []
+    send(base + balls)
+    assert lease.absorb(call, ref, log=said.append) == {folder: []}
+    assert any("without the whole part of CCU" in s for s in said)
+    assert any("Base: attacked in balls that are not committed" in s for s in said)
+    assert not (folder / "balls.json").exists() and lease.committed_parts(folder) == []
+    send(ccu + balls + base)
+    lease.absorb(call, ref)
+    assert lease.committed_parts(folder) == ["Base", "CCU"]
+    assert (folder / "balls.json").read_bytes() == (whole / "balls.json").read_bytes()
+
+
+def test_attacking_without_balls_or_in_stale_balls_is_one_line(tmp_path, capsys):
+    common = ["--dataset", "digits", "--results", str(tmp_path), "--device", "cpu",
+              "--no-progress", "--overrides", json.dumps(TINY)]  # fmt: skip
+    assert cli.main(["train", "--method", "Base", *common]) == cli.EXIT_OK
+    assert cli.main(["attack", "--method", "Base", *common]) == cli.EXIT_MISSING
+    assert "no certified balls" in capsys.readouterr().err
+    assert cli.main(["train", "--method", "CCU", *common]) == cli.EXIT_OK
+    assert cli.main(["balls", *common]) == cli.EXIT_OK
+    assert cli.main(["attack", "--method", "Base", *common]) == cli.EXIT_OK
+    capsys.readouterr()
+    assert cli.main(["part", "--method", "ODIN", "--out", str(tmp_path / "r"), *common]) == 3
+    assert "ODIN on digits is not trained" in capsys.readouterr().err
+    # balls certified by another CCU run than the one in the store are refused
+    adv = tmp_path / LABEL / "digits" / "seed0" / "adversarial"
+    record = json.loads((adv / "balls.json").read_text())
+    (adv / "balls.json").write_text(json.dumps(dict(record, ball_run_files={"model.pt": "0"})))
+    assert cli.main(["attack", "--method", "Base", *common]) == cli.EXIT_MISSING
+    assert "certify them again with `ccu balls`" in capsys.readouterr().err
+    (adv / "balls.json").write_text(json.dumps(record))
+    (adv / "balls.npz").write_bytes(b"broken")
+    assert cli.main(["attack", "--method", "Base", *common]) == cli.EXIT_CORRUPT
+
+
+def test_de_members_trained_in_lanes_at_once_give_the_sequential_run(tmp_path):
+    """DE's members in processes of their own (``ccu train --member I``) while the run itself
+    trains: each member is trained once (a lock per member), the run resumes the others from
+    their final checkpoints, and every file equals that of one process training all members."""
+    common = ["--dataset", "digits", "--method", "DE", "--device", "cpu", "--no-progress",
+              "--overrides", json.dumps(TINY)]  # fmt: skip
+    assert cli.main(["train", *common, "--results", str(tmp_path / "one")]) == cli.EXIT_OK
+    lanes = tmp_path / "lanes"
+    env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
+    cmd = [sys.executable, "-m", "ccu", "train", *common, "--results", str(lanes)]
+    procs = [subprocess.Popen([*cmd, "--member", str(i)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in (2, 1)]  # fmt: skip
+    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))  # fmt: skip
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    run = Path(TINY_TRAINING_LABEL) / "digits" / "seed0" / "DE"
+    for name in ("model.pt", "scores.npz", "metrics.json"):
+        assert (lanes / run / name).read_bytes() == (tmp_path / "one" / run / name).read_bytes()
+    history = [json.loads((d / run / "config.json").read_text())["history"]
+               for d in (lanes, tmp_path / "one")]  # fmt: skip
+    assert history[0] == history[1]
+    # a finished run: a member lane has nothing to do; a member outside the ensemble is usage
+    again = subprocess.run([*cmd, "--member", "0"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "finished already" in again.stdout
+    bad = subprocess.run([*cmd, "--member", "3"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--member must be in 0..2" in bad.stderr
+
+
+def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
+    grid = list(lease.ALL)
+    for jobs in (1, 2, 4, 11, 20):
+        lanes = lease.lanes(grid, jobs)
+        flat = [m for lane in lanes for m in lane]
+        assert sorted(flat) == sorted(grid) and len(lanes) <= jobs
+        (home,) = [lane for lane in lanes if "Base" in lane]
+        assert home.index("Base") < home.index("ODIN") and home.index("Base") < home.index("Maha")
+    assert lease.lanes(["ODIN", "CCU"], 2) == [["CCU"], ["ODIN"]]  # no Base: on its own
+    four = lease.lanes(grid, 4)
+    work = [sum(lease.seconds(m) for m in lane) for lane in four]
+    assert max(work) <= 4 / 3 * sum(work) / 4 + max(map(lease.seconds, grid))  # LPT's bound
+    with pytest.raises(ValueError):
+        lease.lanes(grid, 0)
+    # what follows Base is read from the methods (needs_base), not from a list of names
+    assert [m for m in grid if lease.needs_base(m)] == ["ODIN", "Maha"]
+    assert not lease.needs_base("NotLoadedHere")
+
+
+def test_a_call_without_parts_still_keeps_its_log_without_machine_paths(tmp_path, capsys):
+    """The measurements of a call that brought back no part (every lane stopped at the hard
+    limit, as on 2026-11-27) are kept under reference-results/leases/, once, with file names
+    instead of machine paths; a folder with nothing at all is still exit 3."""
+    came = tmp_path / "files"
+    came.mkdir()
+    ref = tmp_path / "reference"
+    assert lease.main(["absorb", str(came), "--reference", str(ref), "--no-commit"]) == 3
+    (came / "paper-mnist.log").write_text(
+        "lease_run: paper/mnist: CCU OE in up to 2 lanes (hard limit 555 s)\n"
+        "  [lane 1] [ccu] CCU on mnist: epoch 90/100 at 401.2 s\n"
+        "  [lane 2] /opt/torch/.venv/lib/python3.12/site-packages/sklearn/_base.py:293: Warn\n"
+        "lease_run: paper/mnist: 0 parts in /root/out/paper-mnist.parts.tgz after 557 s (exit 75)\n"
+    )
+    assert lease.main(["absorb", str(came), "--reference", str(ref), "--no-commit"]) == 0
+    (kept,) = (ref / "leases").glob("*.log")
+    text = kept.read_text()
+    assert kept.name.startswith("paper-mnist-") and "epoch 90/100 at 401.2 s" in text
+    assert "/opt/" not in text and "/root/" not in text and "<path>/_base.py:293" in text
+    assert "the call's log is kept" in capsys.readouterr().out
+    # the same log again: kept once
+    assert lease.keep_logs(came, ref) == [] and len(list((ref / "leases").glob("*.log"))) == 1

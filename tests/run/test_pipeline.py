@@ -1,0 +1,190 @@
+"""Metrics, the method interface, results on disk and the adversarial-noise evaluation."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import ccu
+from ccu import report
+from ccu.core import evaluate as ev
+from ccu.data import load_dataset
+from ccu.methods import get_method, ordered
+from ccu.run import adversarial_noise as noise
+from ccu.run import experiment
+
+
+def test_metrics_against_hand_computation():
+    s_in, s_out = [3.0, 2.0, 1.0], [2.0, 0.0]
+    # pairs (in > out): 3>2, 3>0, 2>0, 1>0 = 4; tie 2=2 counts 1/2 for AUROC, 0 for strict
+    assert ev.auroc(s_in, s_out) == pytest.approx(4.5 / 6)
+    assert ev.strict_auc(s_in, s_out) == pytest.approx(4 / 6)
+    assert ev.strict_auc([1.0, 1.0], [1.0]) == 0.0  # saturated scores are failures
+    assert ev.auroc([1.0, 1.0], [1.0]) == 0.5
+    # FPR@95: the 5% quantile of [0..99] is 4.95; out-scores >= it
+    assert ev.fpr_at_95(np.arange(100.0), [4.0, 5.0, 50.0]) == pytest.approx(2 / 3)
+    # AUPR-In: ranking in, in, out -> precision 1 at both in-points
+    assert ev.aupr_in([3.0, 2.0], [1.0]) == pytest.approx(1.0)
+    # AUPR-Out: out-set positive with negated scores; out ranked first -> 1
+    assert ev.aupr_out([3.0, 2.0], [1.0]) == pytest.approx(1.0)
+    # the in-point ranks first: precision 1/2 and 2/3 at the two out-points
+    assert ev.aupr_out([1.0], [3.0, 2.0]) == pytest.approx((1 / 2 + 2 / 3) / 2)
+    assert ev.success_rate([0.5, 0.9, 0.2], [0.1, 0.5, 0.9]) == pytest.approx(2 / 3)  # median 0.5
+    assert ev.classification_error([1, 2, 3], [1, 0, 3]) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="NaN"):
+        ev.auroc([np.nan], [1.0])
+    with pytest.raises(ValueError, match="non-empty"):
+        ev.auroc([], [1.0])
+
+
+def test_method_registry_and_order():
+    assert ordered(["CCU", "Base"]) == ["Base", "CCU"]
+    with pytest.raises(ValueError, match="unknown method 'XYZ'"):
+        get_method("XYZ")
+
+
+@pytest.fixture(scope="module")
+def digits_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    data = load_dataset("digits").subset(800)
+    runs = {
+        m: experiment.run_method("digits", m, "smoke", data=data, root=root)
+        for m in ("Base", "CCU")
+    }
+    for r in runs.values():
+        r.method.progress = False
+    return root, data, runs
+
+
+def test_runs_write_results_and_separate_noise(digits_runs):
+    root, data, runs = digits_runs
+    for name, run in runs.items():
+        d = root / "smoke" / "digits" / "seed0" / name
+        for f in ("config.json", "model.pt", "scores.npz", "metrics.json", "checkpoint.pt"):
+            assert (d / f).exists(), f
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["data_checksum"] == data.checksum() and cfg["ccu_version"] == ccu.__version__
+        assert run.metrics["test_error"] < 0.2
+        # sign check: every score ranks the in-distribution above easily separable noise
+        assert run.metrics["ood"]["uniform"]["auroc"] > 0.5, name
+        assert run.scores["test"].shape == (len(data.test_x),)
+
+
+def test_rerun_loads_and_retrain_retrains(digits_runs):
+    root, data, runs = digits_runs
+    again = experiment.run_method("digits", "CCU", "smoke", data=data, root=root)
+    assert again.loaded
+    x = data.test_x[:50]
+    torch.testing.assert_close(again.method.score(x), runs["CCU"].method.score(x))
+    other_seed = experiment.run_method("digits", "Base", "smoke", seed=1, data=data, root=root)
+    assert not other_seed.loaded  # a different config is not mistaken for the saved run
+
+
+def test_saved_models_load_with_weights_only(digits_runs):
+    root, data, runs = digits_runs
+    state = torch.load(root / "smoke" / "digits" / "seed0" / "CCU" / "model.pt", weights_only=True)
+    m = get_method("CCU")(data.spec, ccu.train_settings("digits"), ccu.get_profile("smoke"))
+    m.load_state_dict(state)
+    x = data.test_x[:20]
+    torch.testing.assert_close(m.score(x), runs["CCU"].method.score(x))
+    with pytest.raises(ValueError, match="not 'Base'"):
+        get_method("Base")(
+            data.spec, ccu.train_settings("digits"), ccu.get_profile("smoke")
+        ).load_state_dict(state)
+
+
+def test_adversarial_noise_table1(digits_runs):
+    root, data, runs = digits_runs
+    adv = noise.adversarial_noise(runs, data, "smoke", root=root)
+    s = adv.summary
+    assert s["ccu_bound_violations"] == 0 and s["ccu_points_outside_balls"] == 0
+    assert s["n_certified"] + s["n_uncertified"] == s["n_centres"] == len(adv.radii)
+    assert s["n_certified"] == int(adv.certified.sum()) > 0
+    ok = adv.certified
+    assert np.isnan(adv.bound[~ok]).all() and np.isfinite(adv.bound[ok]).all()
+    worst_ccu = np.exp(adv.worst_score["CCU"])
+    assert (worst_ccu <= adv.bound[ok] + 1e-6).all()
+    assert adv.methods["Base"]["SR"] >= adv.methods["CCU"]["SR"]
+    for name, r in adv.methods.items():
+        x = adv.worst_x[name]
+        assert len(x) == r["n_attacked"] == s["n_certified"]
+        assert x.min() >= 0 and x.max() <= 1
+        assert r["max_distance_over_radius"] <= 1.0
+    # it returns what it saved
+    again = noise.AdversarialResult.load(root / "smoke" / "digits" / "seed0" / "adversarial")
+    assert again.summary == adv.summary and np.array_equal(again.radii, adv.radii, equal_nan=True)
+    table = report.attack_table(again.summary, "digits")
+    assert list(table.columns.get_level_values(0).unique()) == ["Base", "CCU"]
+    with pytest.raises(ValueError, match="needs a trained CCU run"):
+        noise.adversarial_noise({"Base": runs["Base"]}, data, "smoke", root=root)
+
+
+def test_report_tables_use_the_paper_numbers():
+    metrics = {
+        "Base": {"ood": {"uniform": {"auroc": 0.5, "aupr_in": 0.6}}},
+        "CCU": {"ood": {"uniform": {"auroc": 1.0, "aupr_in": 1.0}}},
+    }
+    t = report.ood_table(metrics, "mnist-offline", "auroc")
+    assert t.loc["Uniform", ("CCU", "ours")] == 100.0
+    paper = report.paper_table("table2_ood_auc")
+    want = paper[
+        (paper.in_dataset == "MNIST") & (paper.ood_dataset == "Uniform") & (paper.method == "CCU")
+    ]
+    assert t.loc["Uniform", ("CCU", "paper")] == float(want.value.iloc[0])
+    row = report.p_stats_row(
+        {"min_confidence": 0.5, "n_below_1.1_over_M": 4}, "mnist-offline", 2000
+    )
+    assert row.loc["ours", "% < 1.1/M"] == 0.2 and row.loc["paper", "min p(y|x) %"] == 33.08
+
+
+def test_acet2_paper_numbers_come_from_the_appendix_tables():
+    t1 = {"methods": {"ACET2": {"TE": 0.01, "SR": 0.5, "AUC": 0.5}}}
+    t = report.attack_table(t1, "cifar10-offline")
+    acet2 = report.paper_table("table_acet2_adversarial_noise")
+    want = acet2[(acet2.dataset == "CIFAR10") & (acet2.metric == "SR")].ACET2.iloc[0]
+    assert t.loc["SR", ("ACET2", "paper")] == float(want)
+    metrics = {"ACET2": {"ood": {"noise": {"auroc": 0.9}}}}
+    t = report.ood_table(metrics, "mnist-offline", "auroc")
+    auc = report.paper_table("table_acet2_ood_auc")
+    want = auc[(auc.in_dataset == "MNIST") & (auc.ood_dataset == "Noise")].ACET2.iloc[0]
+    assert t.loc["Noise", ("ACET2", "paper")] == float(want)
+
+
+def test_a_checkpoint_of_another_configuration_is_not_resumed(tmp_path):
+    data = load_dataset("digits").subset(200)
+    two = ccu.get_profile("smoke", epochs=2)
+    three = ccu.get_profile("smoke", epochs=3)
+    experiment.run_method("digits", "Base", two, data=data, root=tmp_path)
+    # a different configuration must start over, not resume (or choke on) the old checkpoint
+    run = experiment.run_method("digits", "Base", three, data=data, root=tmp_path)
+    assert not run.loaded and len(run.config["history"]["loss"]) == 3
+
+
+def test_the_run_record_travels_whole_from_the_cli_to_the_trainer(tmp_path, monkeypatch):
+    """``ccu train`` builds one :class:`ccu.store.records.RunSpec`; the steps hand that very object to
+    :func:`ccu.run.experiment.run_spec`, which hands Base's run of a post-hoc method the same
+    record with its method changed (:meth:`RunSpec.with_method`): nothing splits it into loose
+    arguments and rebuilds it on the way (the issue: 9 arguments, then 14 parameters)."""
+    from ccu import cli
+    from ccu.run import steps
+
+    seen = []
+    real = experiment.run_spec
+
+    def spy(spec, *args, **kwargs):
+        seen.append(spec)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(experiment, "run_spec", spy)
+    made = []
+    real_train_one = steps.train_one
+    monkeypatch.setattr(steps, "train_one", lambda spec, *a, **k: made.append(spec)
+                        or real_train_one(spec, *a, **k))  # fmt: skip
+    argv = ["train", "--dataset", "digits", "--method", "ODIN", "--profile", "smoke",
+            "--overrides", '{"epochs": 1}', "--results", str(tmp_path), "--device", "cpu",
+            "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert len(made) == 1 and seen[0] is made[0]  # the CLI's record itself, not a copy
+    assert [s.method for s in seen] == ["ODIN", "Base"]
+    assert seen[1] == made[0].with_method("Base")

@@ -1,0 +1,164 @@
+"""The Snakemake workflow: the paper grid's jobs (dry run), the Slurm profile's resources (dry
+run, no Slurm needed) and the smoke grid run end to end in a temporary directory."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEFILE = REPO / "workflow" / "Snakefile"
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+if not SNAKEMAKE.exists():
+    SNAKEMAKE = shutil.which("snakemake")
+if SNAKEMAKE is None:
+    pytest.fail(
+        "snakemake is not installed: `pip install -e .[workflow]` (ci/env.sh installs it).",
+        pytrace=False,
+    )
+
+
+def snakemake(cwd, *args, timeout=600):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CCU_PROGRESS="0")
+    cmd = [str(SNAKEMAKE), "--snakefile", str(SNAKEFILE), "--directory", str(cwd), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a (dry) run: rule -> number of jobs."""
+    assert "Job stats:" in output, output[-3000:]
+    block = output.split("Job stats:", 1)[1]
+    counts = {}
+    for line in block.splitlines()[3:]:
+        m = re.fullmatch(r"\s*(\w+)\s+(\d+)\s*", line)
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+def test_dry_run_of_the_paper_grid_lists_exactly_its_jobs(tmp_path):
+    rc, out = snakemake(tmp_path, "--dry-run", "--cores", "1")
+    assert rc == 0, out[-3000:]
+    # 5 datasets x 11 methods x 1 seed: train and evaluate each; per dataset one attack, tables
+    # and reference copy; and the target rule
+    assert job_counts(out) == {
+        "all": 1,
+        "attack": 5,
+        "evaluate": 55,
+        "reference": 5,
+        "tables": 5,
+        "train": 55,
+        "total": 126,
+    }
+    # three seeds: three times the per-seed jobs, still one table per dataset
+    rc, out = snakemake(tmp_path, "--dry-run", "--cores", "1", "--config", "seeds=[0,1,2]")
+    counts = job_counts(out)
+    assert (counts["train"], counts["attack"], counts["tables"]) == (165, 15, 5)
+
+
+def test_smoke_grid_names_each_datasets_folder_after_its_own_profile(tmp_path):
+    """``smoke`` is scaled to each dataset's network (ccu.core.settings.SMOKE_SCALE): the grid asks
+    for digits' runs under ``smoke`` and fmnist's under the scaled profile's name."""
+    from ccu.run.config import get_profile
+
+    smoke = REPO / "workflow" / "smoke.yaml"
+    rc, out = snakemake(
+        tmp_path, "--dry-run", "--configfile", str(smoke), "--config", "datasets=[digits,fmnist]"
+    )
+    assert rc == 0, out[-3000:]
+    assert job_counts(out)["train"] == 12 and job_counts(out)["tables"] == 2
+    scaled = get_profile("smoke", "fmnist")
+    assert f"results/{scaled.training_label}/fmnist/seed0/CCU/trained.json" in out
+    assert f"results/{scaled.label}/fmnist/seed1/adversarial/table1.json" in out
+    assert "results/smoke/digits/seed0/CCU/trained.json" in out
+    assert "results/smoke/fmnist/" not in out
+
+
+def test_a_wrong_grid_is_refused_before_any_job(tmp_path):
+    rc, out = snakemake(tmp_path, "--dry-run", "--config", "methods=[Base,OE]")
+    assert rc != 0 and "must include CCU" in out
+    rc, out = snakemake(tmp_path, "--dry-run", "--config", "datasets=[mnst]")
+    assert rc != 0 and "unknown dataset 'mnst'" in out and "mnist" in out
+
+
+def test_slurm_dry_run_renders_the_declared_resources(tmp_path):
+    profile = REPO / "workflow" / "profiles" / "slurm"
+    rc, out = snakemake(
+        tmp_path, "--dry-run", "--profile", str(profile), "--config", "datasets=[mnist]"
+    )
+    assert rc == 0, out[-3000:]
+    assert job_counts(out)["train"] == 11
+    jobs = re.split(r"\n(?=(?:local)?rule \w+:)", out)
+    train = [j for j in jobs if j.startswith("rule train:")]
+    evaluate = [j for j in jobs if j.startswith("rule evaluate:")]
+    attack = [j for j in jobs if j.startswith("rule attack:")]
+    assert len(train) == 11 and len(evaluate) == 11 and len(attack) == 1
+    for job in train + attack:
+        res = job.split("resources:", 1)[1].splitlines()[0]
+        for want in ("gpu=1", "mem_mb=32000", "slurm_partition=gpu", "slurm_account=my-account"):
+            assert want in res, (want, res)
+    assert "runtime=720" in train[0] and "runtime=480" in attack[0]
+    for job in evaluate:
+        res = job.split("resources:", 1)[1].splitlines()[0]
+        assert "gpu=1" not in res and "slurm_partition=cpu" in res and "mem_mb=8000" in res
+    # the jobs run on the GPU the scheduler gives them (no local GPU slots under Slurm)
+    assert "--device cuda" in train[0] and "--gpu-slots" in train[0]
+
+
+def test_the_smoke_grid_runs_end_to_end_and_a_second_run_does_nothing(tmp_path):
+    results, ref = tmp_path / "results", tmp_path / "reference"
+    config = ["--configfile", str(REPO / "workflow" / "smoke.yaml")]
+    config += ["--config", f"results={results}", f"reference={ref}"]
+    start = time.perf_counter()
+    rc, out = snakemake(tmp_path, "--cores", "2", *config)
+    wall = time.perf_counter() - start
+    assert rc == 0, out[-5000:]
+    print(f"smoke grid (digits, Base/ODIN/CCU, seeds 0 and 1): {wall:.0f} s")
+    counts = job_counts(out)
+    assert counts["train"] == 6 and counts["evaluate"] == 6 and counts["attack"] == 2
+    tables = results / "smoke" / "digits" / "tables"
+    md = (tables / "tables.md").read_text()
+    print(md)
+    assert "mean ± sd over seeds [0, 1]" in md and " ± " in md
+    t1 = pd.read_csv(tables / "table1.csv")
+    assert set(t1.method) == {"Base", "ODIN", "CCU"} and (t1.n == 2).all()
+    assert t1[(t1.method == "CCU") & (t1.key == "SR")]["mean"].iloc[0] == 0.0
+    for seed in (0, 1):
+        for m in ("Base", "ODIN", "CCU"):
+            assert (
+                results / "logs" / "smoke" / "digits" / f"seed{seed}" / f"train.{m}.log"
+            ).exists()
+            cfg = json.loads(
+                (results / "smoke" / "digits" / f"seed{seed}" / m / "config.json").read_text()
+            )
+            assert cfg["seed"] == seed
+    copied = json.loads((ref / "smoke" / "digits" / "table1.json").read_text())
+    assert set(copied["methods"]) == {"Base", "ODIN", "CCU"} and copied["device"] == "cpu"
+    rc, out = snakemake(tmp_path, "--cores", "2", *config)
+    assert rc == 0 and "Nothing to be done" in out, out[-3000:]
+
+
+def test_jobs_per_gpu_reaches_every_gpu_job_and_a_bad_value_is_refused(tmp_path):
+    rc, out = snakemake(
+        tmp_path,
+        "--dry-run",
+        "--config",
+        "datasets=[mnist]",
+        "methods=[Base,CCU]",
+        "jobs_per_gpu=4",
+    )
+    assert rc == 0, out[-3000:]
+    jobs = re.split(r"\n(?=(?:local)?rule \w+:)", out)
+    gpu_jobs = [j for j in jobs if j.startswith(("rule train:", "rule attack:"))]
+    assert gpu_jobs and all("--gpu-slots" in j and "--jobs-per-gpu 4" in j for j in gpu_jobs)
+    rc, out = snakemake(tmp_path, "--dry-run", "--config", "jobs_per_gpu=0")
+    assert rc != 0 and "jobs_per_gpu must be a positive integer" in out

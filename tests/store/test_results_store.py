@@ -1,0 +1,261 @@
+"""The results store under faults: concurrent runs, runs killed at each stage, corrupt files."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ccu.data import load_dataset
+from ccu.run import adversarial_noise as noise
+from ccu.run import experiment
+from ccu.store import results
+
+# A child process: the smoke pipeline on digits (Base, CCU, the attack). KILL names a stage at
+# which the process dies abruptly (os._exit: no cleanup, as with SIGKILL).
+CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    torch.set_num_threads(1)
+    from ccu.run import adversarial_noise
+    from ccu.run import experiment
+    from ccu.data import load_dataset
+
+    root, kill = sys.argv[1], sys.argv[2]
+    def die(*a, **k):
+        os._exit(9)
+    on_epoch_end = None
+    if kill == "training":  # after the first epoch's checkpoint of the first method
+        def on_epoch_end(done, epochs):
+            if done == 1:
+                die()
+    elif kill == "scoring":  # the first method has trained; scoring dies half-way
+        score_sets = experiment.score_sets
+        experiment.score_sets = die
+    elif kill == "attack":  # the first method's attack is saved, the second one dies
+        attack = adversarial_noise.attack_method
+        calls = []
+        def attack_then_die(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                die()
+            return attack(*a, **k)
+        adversarial_noise.attack_method = attack_then_die
+    data = load_dataset("digits").subset(300)
+    runs = {m: experiment.run_method("digits", m, "smoke", data=data, root=root,
+                                     on_epoch_end=on_epoch_end)
+            for m in ("CCU", "Base")}
+    adv = adversarial_noise.adversarial_noise(runs, data, "smoke", root=root)
+    print(json.dumps({m: r.loaded for m, r in runs.items()}))
+    """
+)
+
+TIMING = {"train_seconds", "wall_seconds", "attack_seconds"}
+
+
+def _child(root: Path, kill: str = "none") -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(root), kill],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        # config.json's checksum covers its timings
+        drop = TIMING | {"files", results.CONFIG_CHECKSUM}
+        return {k: _strip(v) for k, v in obj.items() if k not in drop}
+    return obj
+
+
+def _same_files(a: Path, b: Path) -> None:
+    """Every result file of run ``a`` equals run ``b``'s (timings aside)."""
+    names = sorted(
+        p.relative_to(a).as_posix()
+        for p in a.rglob("*")
+        if p.is_file() and p.name != ".lock" and not p.name.endswith(".tmp")
+    )
+    other = sorted(
+        p.relative_to(b).as_posix()
+        for p in b.rglob("*")
+        if p.is_file() and p.name != ".lock" and not p.name.endswith(".tmp")
+    )
+    assert names == other
+    for n in names:
+        fa, fb = a / n, b / n
+        if n.endswith(".json"):
+            assert _strip(json.loads(fa.read_text())) == _strip(json.loads(fb.read_text())), n
+        elif n.endswith(".npz"):
+            za, zb = np.load(fa), np.load(fb)
+            assert sorted(za.files) == sorted(zb.files), n
+            for k in za.files:
+                assert np.array_equal(za[k], zb[k], equal_nan=True), f"{n}:{k}"
+        elif n.endswith(".pt"):
+            sa = torch.load(fa, weights_only=True)
+            sb = torch.load(fb, weights_only=True)
+            assert json.dumps(_flat(sa), sort_keys=True) == json.dumps(_flat(sb), sort_keys=True), n
+
+
+def _flat(obj):
+    """A comparable text form of a saved state (tensors by their values)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.double().flatten().tolist() if obj.is_floating_point() else obj.tolist()
+    if isinstance(obj, dict):
+        return {str(k): _flat(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_flat(v) for v in obj]
+    return obj
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whole")
+    out = _child(root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root
+
+
+@pytest.mark.parametrize("stage", ["training", "scoring", "attack"])
+def test_a_killed_run_resumes_to_the_same_files(uninterrupted, tmp_path, stage):
+    killed = _child(tmp_path, stage)
+    assert killed.returncode == 9, killed.stderr[-3000:]
+    resumed = _child(tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _same_files(uninterrupted, tmp_path)
+
+
+def test_two_processes_on_one_configuration(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(tmp_path), "none"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    loaded = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    # exactly one process trained each method; the other waited and loaded its files
+    for m in ("CCU", "Base"):
+        assert sorted(d[m] for d in loaded) == [False, True]
+    data = load_dataset("digits").subset(300)
+    run = experiment.run_method("digits", "CCU", "smoke", data=data, root=tmp_path)
+    assert run.loaded
+    adv = noise.AdversarialResult.load(tmp_path / "smoke" / "digits" / "seed0" / "adversarial")
+    assert adv.summary["ccu_bound_violations"] == 0
+
+
+@pytest.fixture()
+def saved_base(tmp_path):
+    data = load_dataset("digits").subset(200)
+    prof = "smoke"
+    experiment.run_method("digits", "Base", prof, data=data, root=tmp_path)
+    return tmp_path, data, tmp_path / "smoke" / "digits" / "seed0" / "Base"
+
+
+def _corrupt_truncate(path: Path):
+    path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 2)])
+
+
+def _edit_a_value(path: Path):  # still valid JSON, a field the config key leaves aside
+    path.write_text(path.read_text().replace('"torch_version": "', '"torch_version": "0'))
+
+
+def _corrupt_flip(path: Path):
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize(
+    "name,damage",
+    [
+        ("model.pt", _corrupt_truncate),
+        ("model.pt", _corrupt_flip),
+        ("scores.npz", _corrupt_truncate),
+        ("scores.npz", _corrupt_flip),
+        ("metrics.json", _corrupt_truncate),
+        ("config.json", _corrupt_truncate),
+        ("config.json", _edit_a_value),
+        ("scores.npz", Path.unlink),
+    ],
+)
+def test_a_corrupt_file_is_named_and_never_silently_retrained(saved_base, name, damage):
+    root, data, d = saved_base
+    damage(d / name)
+    before = {p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.is_file()}
+    with pytest.raises(results.CorruptResultError, match=name.replace(".", r"\.")) as err:
+        experiment.run_method("digits", "Base", "smoke", data=data, root=root)
+    assert "retrain=True" in str(err.value) or "delete" in str(err.value).lower()
+    after = {p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.is_file()}
+    assert before == after, "nothing may be overwritten"
+    again = experiment.run_method("digits", "Base", "smoke", data=data, root=root, retrain=True)
+    assert not again.loaded
+    assert experiment.run_method("digits", "Base", "smoke", data=data, root=root).loaded
+
+
+def test_a_corrupt_checkpoint_is_named(tmp_path):
+    data = load_dataset("digits").subset(200)
+    d = tmp_path / "smoke" / "digits" / "seed0" / "Base"
+    experiment.run_method("digits", "Base", "smoke", data=data, root=tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").unlink()  # as if killed after the last checkpoint
+    results.write_json(d / "config.pending.json", cfg)
+    _corrupt_truncate(d / "checkpoint.pt")
+    with pytest.raises(results.CorruptResultError, match="checkpoint"):
+        experiment.run_method("digits", "Base", "smoke", data=data, root=tmp_path)
+
+
+def test_atomic_writes_leave_no_temporary_files(tmp_path):
+    results.write_json(tmp_path / "a.json", {"x": np.float32(1.5), "p": tmp_path})
+    results.write_npz(tmp_path / "b.npz", x=np.arange(3))
+    assert json.loads((tmp_path / "a.json").read_text())["x"] == 1.5
+    assert results.read_npz(tmp_path / "b.npz")["x"].tolist() == [0, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.npz"]
+    (tmp_path / "c.json").write_text("{not json")
+    with pytest.raises(results.CorruptResultError, match="c.json"):
+        results.read_json(tmp_path / "c.json")
+
+
+def test_every_checkpoint_goes_with_its_configuration(tmp_path):
+    """DE trains its members one after another, each with ``member<i>.checkpoint.pt``: a run of
+    another configuration (or a retrain) must not resume from them, as it must not from
+    ``checkpoint.pt``; the same configuration resumes from all of them."""
+    files = results.MethodStore(tmp_path / "DE")
+    files.directory.mkdir()
+    names = ["checkpoint.pt", "member0.checkpoint.pt", "member4.checkpoint.pt"]
+    old = {"method": "DE", "seed": 0}
+
+    def leave_checkpoints():
+        for n in names:
+            (files.directory / n).write_bytes(b"state")
+
+    files.start_training(old)
+    leave_checkpoints()  # killed while training the last member
+
+    def left():
+        return sorted(p.name for p in files.directory.glob("*.pt"))
+
+    assert left() == names
+    files.start_training(old)  # the same configuration again (a resumed run): all kept
+    assert left() == names
+    files.start_training(dict(old, seed=1))  # another configuration: none is resumed
+    assert left() == []
+    leave_checkpoints()
+    files.clear()
+    assert sorted(p.name for p in files.directory.iterdir()) == []
