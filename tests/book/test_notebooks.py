@@ -62,19 +62,33 @@ def test_corollary1_with_another_seed_and_level(tmp_path):
     assert float(glued["cor_level_over_m"]) == pytest.approx(0.15)
 
 
+BAD_PARAMETERS = [
+    ({"dataset": "mnistt"}, "unknown dataset 'mnistt'"),
+    ({"profile": "huge"}, "unknown profile"),
+    ({"overrides": "{epochs: 1}"}, "parameter overrides is not valid JSON"),
+    ({"overrides": '{"epochs": "ten"}'}, "epochs must be a whole number >= 1, not 'ten'"),
+    ({"overrides": {"n_train": 0}}, "n_train must be a whole number >= 1 or null"),
+    ({"seed": "one"}, "seed must be a non-negative whole number"),
+]
+
+
+@pytest.mark.parametrize("params, message", BAD_PARAMETERS)
+def test_bad_parameters_stop_the_setup_with_one_line(params, message):
+    """What papermill passes (JSON as text included) checked by the chapters' setup call: a
+    ValueError whose notebook traceback is one ``[ccu] error:`` line."""
+    from ccu.book.chapter import setup_chapter
+
+    args = {"dataset": "digits", "profile": "smoke", **params}
+    with pytest.raises(ValueError, match=message) as exc:
+        setup_chapter(verbose=False, **args)
+    assert exc.value._render_traceback_() == [f"[ccu] error: {' '.join(str(exc.value).split())}"]
+
+
 @pytest.mark.notebooks
-@pytest.mark.parametrize(
-    "params, message",
-    [
-        ({"dataset": "mnistt"}, "unknown dataset 'mnistt'"),
-        ({"profile": "huge"}, "unknown profile"),
-        ({"overrides": "{epochs: 1}"}, "parameter overrides is not valid JSON"),
-        ({"overrides": '{"epochs": "ten"}'}, "epochs must be a whole number >= 1, not 'ten'"),
-        ({"overrides": {"n_train": 0}}, "n_train must be a whole number >= 1 or null"),
-        ({"seed": "one"}, "seed must be a non-negative whole number"),
-    ],
-)
-def test_bad_parameters_stop_the_setup_cell_with_one_line(tmp_path, params, message):
+def test_a_bad_parameter_stops_the_setup_cell_of_the_chapter_with_one_line(tmp_path):
+    """The same through papermill: the setup cell (the third) fails with that one line, no
+    library call stack (the other wrong parameters: the test above, without a kernel)."""
+    params, message = BAD_PARAMETERS[2]
     with pytest.raises(papermill.PapermillExecutionError, match=message) as exc:
         _run(tmp_path, "theorem1", **params)
     assert exc.value.traceback == [f"[ccu] error: {exc.value.evalue}"]  # no library call stack
@@ -147,13 +161,13 @@ def test_ood_chapter_on_real_mnist(tmp_path, monkeypatch):
         "ood_detection",
         dataset="mnist-offline",
         methods=["Base", "CCU"],
-        overrides={"epochs": 4, "n_train": 600},
+        overrides={"epochs": 2, "n_train": 300},
     )
     glued = _glued(nb)
     assert float(glued["ood_ccu_uniform"]) > 90.0
-    run = tmp_path / "results" / "smoke-e4-n600" / "mnist-offline" / "seed0" / "CCU"
+    run = tmp_path / "results" / "smoke-e2-n300" / "mnist-offline" / "seed0" / "CCU"
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["profile"]["epochs"] == 4 and cfg["dataset"] == "mnist-offline"
+    assert cfg["profile"]["epochs"] == 2 and cfg["dataset"] == "mnist-offline"
     assert (run / "metrics.json").exists()
 
 
@@ -170,7 +184,7 @@ def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
 
     monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
     methods = sorted(METHODS)
-    overrides = {"epochs": 5, "n_train": 500, "ensemble": 2, "acet_steps": 3}
+    overrides = {"epochs": 2, "n_train": 300, "ensemble": 2, "acet_steps": 3}
     nb = _run(tmp_path, "adversarial_noise", methods=methods, overrides=overrides)
     # the other two experiment chapters load the runs the first one saved
     for chapter in ("training", "ood_detection"):
@@ -185,7 +199,7 @@ def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
         (
             tmp_path
             / "results"
-            / get_profile("smoke", **overrides).label  # smoke-e5-n500-acet_steps3-ensemble2
+            / get_profile("smoke", **overrides).label  # smoke-e2-n300-acet_steps3-ensemble2
             / "digits"
             / "seed0"
             / "adversarial"
@@ -193,6 +207,13 @@ def test_experiment_chapters_with_every_method(tmp_path, monkeypatch):
         ).read_text()
     )
     assert set(table["methods"]) == set(methods)
+
+
+#: the scaled smoke (ccu.core.settings.SMOKE_SCALE: 2 epochs on 200 points, 500 test points, 10
+#: centres) made smaller still: the chapter's path on a ResNet18 dataset in about a minute of a CPU
+#: core, not seven (the scaled profile's own fields: tests/run/test_smoke_scale.py)
+RESNET_SMALL = {"epochs": 1, "n_train": 64, "n_test": 64, "n_centres": 3, "attack_steps": 2,
+                "attack_restarts": 1}  # fmt: skip
 
 
 @pytest.mark.notebooks
@@ -204,17 +225,21 @@ def test_a_chapter_on_a_resnet18_dataset_with_the_scaled_smoke(
     chapter, dataset, mirror, tmp_path, monkeypatch
 ):
     """The README's papermill path on the full-size ResNet18 datasets: ``smoke`` is scaled to the
-    network (ccu.core.settings.SMOKE_SCALE), so the chapter runs in minutes on 2 cores, and the run
-    is stored under the scaled profile's own name."""
+    network (ccu.core.settings.SMOKE_SCALE) before the user's overrides (here
+    :data:`RESNET_SMALL`), and the run is stored under the scaled profile's own name."""
     if not (Path(__file__).resolve().parents[3] / "shared" / "data" / mirror).is_dir():
         pytest.skip(f"offline {dataset} mirror not found")
     monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
-    nb = _run(tmp_path, chapter, dataset=dataset)
-    prof = get_profile("smoke", dataset)
-    assert prof.name != "smoke" and prof.n_test is not None
+    methods = ["Base", "CCU"] if chapter == "adversarial_noise" else ["CCU"]
+    nb = _run(tmp_path, chapter, dataset=dataset, methods=methods, overrides=RESNET_SMALL)
+    prof = get_profile("smoke", dataset, **RESNET_SMALL)
+    scaled = get_profile("smoke", dataset)
+    assert prof.name != "smoke" and prof.n_test == RESNET_SMALL["n_test"]
+    assert prof.ensemble == scaled.ensemble and prof.n_components == scaled.n_components
     run = tmp_path / "results" / prof.training_label / dataset / "seed0" / "CCU"
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["profile"]["n_test"] == prof.n_test and cfg["profile"]["epochs"] == prof.epochs
+    assert cfg["dataset"] == dataset
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["n_test"] == prof.n_test
     if chapter == "adversarial_noise":

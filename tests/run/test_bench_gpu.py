@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -104,27 +102,40 @@ def test_gpu_runs_are_judged_against_the_targets(tmp_path):
     assert attack["note"] == "not measured"
 
 
-def test_bench_lanes_times_a_grid_per_number_of_lanes(tmp_path):
-    """benchmarks/bench_lanes.py on a tiny CPU grid: one fresh lease call per JOBS value."""
+def test_bench_lanes_times_a_grid_per_number_of_lanes(tmp_path, monkeypatch):
+    """benchmarks/bench_lanes.py: one fresh lease call per JOBS value, each in folders of its
+    own, the speed-up against the first, the file written after each call, and a failed call
+    stops it with its exit code. The lease call itself (tools/lease_run.sh) is stubbed here: its
+    runs on the CPU are tests/run/test_lease.py's."""
+    import subprocess
+
     bench = _benchmark("bench_lanes")
+    calls = []
+
+    def lease_call(cmd, cwd, env, capture_output, text):
+        calls.append((cmd, env))
+        assert cmd[:2] == ["bash", "tools/lease_run.sh"] and Path(cwd) == ROOT
+        assert not Path(env["CCU_RESULTS"]).exists()  # a fresh machine for every call
+        failed = env["JOBS"] == "3"
+        return subprocess.CompletedProcess(cmd, 1 if failed else 0, "out", "err")
+
+    monkeypatch.setattr(bench.subprocess, "run", lease_call)
     out = tmp_path / "lanes.json"
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    os.environ["PATH"], old = path, os.environ.get("PATH", "")
-    try:
-        args = ["--dataset", "digits", "--profile", "smoke", "--methods", "CCU", "Base"]
-        args += ["--jobs", "1", "2", "--device", "cpu", "--threads", "2", "--out", str(out)]
-        tiny = {
-            "epochs": 1,
-            "n_train": 200,
-            "n_centres": 4,
-            "attack_steps": 2,
-            "attack_restarts": 1,
-        }
-        result = bench.main([*args, "--overrides", json.dumps(tiny)])
-    finally:
-        os.environ["PATH"] = old
+    args = ["--dataset", "digits", "--profile", "smoke", "--methods", "CCU", "Base"]
+    args += ["--device", "cpu", "--threads", "2", "--out", str(out)]
+    tiny = {"epochs": 1, "n_train": 200}
+    result = bench.main([*args, "--jobs", "1", "2", "--overrides", json.dumps(tiny)])
+    assert [c[0][2:] for c in calls] == [["digits", "CCU", "Base"]] * 2
+    assert [c[1]["JOBS"] for c in calls] == ["1", "2"]
+    assert json.loads(calls[0][1]["OVERRIDES"]) == tiny and calls[0][1]["PROFILE"] == "smoke"
+    assert calls[0][1]["CCU_RESULTS"] != calls[1][1]["CCU_RESULTS"]
     assert set(result["runs"]) == {"1", "2"} and result["device"].startswith("CPU")
     for r in result["runs"].values():
         assert r["exit_code"] == 0 and r["seconds"] > 0
     assert result["runs"]["1"]["speedup"] == 1.0
-    assert json.loads(out.read_text())["runs"]["2"]["seconds"] == result["runs"]["2"]["seconds"]
+    expected = result["runs"]["1"]["seconds"] / result["runs"]["2"]["seconds"]
+    assert result["runs"]["2"]["speedup"] == expected
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    with pytest.raises(SystemExit, match="digits with JOBS=3 failed .exit 1."):
+        bench.main([*args, "--jobs", "1", "3"])
+    assert set(json.loads(out.read_text())["runs"]) == {"1"}  # what it measured is kept

@@ -14,6 +14,7 @@ import torch
 from ccu.data import load_dataset
 from ccu.run import adversarial_noise as noise
 from ccu.run import experiment
+from ccu.run.config import get_profile
 from ccu.store import results
 
 # A child process: the smoke pipeline on digits (Base, CCU, the attack). KILL names a stage at
@@ -26,8 +27,10 @@ CHILD = textwrap.dedent(
     from ccu.run import adversarial_noise
     from ccu.run import experiment
     from ccu.data import load_dataset
+    from ccu.run.config import get_profile
 
     root, kill = sys.argv[1], sys.argv[2]
+    prof = get_profile("smoke", **json.loads(sys.argv[3]))
     def die(*a, **k):
         os._exit(9)
     on_epoch_end = None
@@ -48,21 +51,25 @@ CHILD = textwrap.dedent(
             return attack(*a, **k)
         adversarial_noise.attack_method = attack_then_die
     data = load_dataset("digits").subset(300)
-    runs = {m: experiment.run_method("digits", m, "smoke", data=data, root=root,
+    runs = {m: experiment.run_method("digits", m, prof, data=data, root=root,
                                      on_epoch_end=on_epoch_end)
             for m in ("CCU", "Base")}
-    adv = adversarial_noise.adversarial_noise(runs, data, "smoke", root=root)
+    adv = adversarial_noise.adversarial_noise(runs, data, prof, root=root)
     print(json.dumps({m: r.loaded for m, r in runs.items()}))
     """
 )
 
+#: the smoke profile made smaller (30 epochs, 40 centres x 3 restarts x 30 steps): a kill and a
+#: resume at each stage need a few epochs and balls, not the chapter's run
+SMALL = {"epochs": 3, "n_centres": 10, "attack_steps": 5, "attack_restarts": 2}
+LABEL = get_profile("smoke", **SMALL).label
 TIMING = {"train_seconds", "wall_seconds", "attack_seconds"}
 
 
 def _child(root: Path, kill: str = "none") -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
     return subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), kill],
+        [sys.executable, "-c", CHILD, str(root), kill, json.dumps(SMALL)],
         capture_output=True,
         text=True,
         env=env,
@@ -138,7 +145,7 @@ def test_two_processes_on_one_configuration(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(tmp_path), "none"],
+            [sys.executable, "-c", CHILD, str(tmp_path), "none", json.dumps(SMALL)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -154,9 +161,10 @@ def test_two_processes_on_one_configuration(tmp_path):
     for m in ("CCU", "Base"):
         assert sorted(d[m] for d in loaded) == [False, True]
     data = load_dataset("digits").subset(300)
-    run = experiment.run_method("digits", "CCU", "smoke", data=data, root=tmp_path)
+    run = experiment.run_method("digits", "CCU", get_profile("smoke", **SMALL), data=data,
+                                root=tmp_path)  # fmt: skip
     assert run.loaded
-    adv = noise.AdversarialResult.load(tmp_path / "smoke" / "digits" / "seed0" / "adversarial")
+    adv = noise.AdversarialResult.load(tmp_path / LABEL / "digits" / "seed0" / "adversarial")
     assert adv.summary["ccu_bound_violations"] == 0
 
 
