@@ -100,14 +100,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # ``ccu.setup_chapter``: the chapters' one-call setup, imported on first use (it loads the
-    # data layer and plotting, which plain ``import ccu`` does not need)
-    if name == "setup_chapter":
-        from ccu.book.chapter import setup_chapter
-
-        return setup_chapter
-    raise AttributeError(f"module 'ccu' has no attribute {name!r}")
-
-
 _moved.install()  # the modules' old names (CHANGELOG.md), with a warning

@@ -10,7 +10,8 @@ ruff check .
 ruff format --check .
 # shellcheck disable=SC2046
 nbstripout --verify $(python -c "$NBSTRIPOUT_ARGS") book/*.ipynb
-# two workers (pytest-xdist), one torch thread each; a file's tests stay on one worker
-python -m pytest tests -p no:cacheprovider -n 2 --dist loadfile --durations=30 "$@"
+# two workers (pytest-xdist), one torch thread each; a file's tests stay on one worker, but
+# for the independent papermill and workflow runs (tests/conftest.py, SPREAD)
+python -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup --durations=30 "$@"
 bash "$ROOT/ci/build_book.sh"
 python tools/check_book.py --report _build/check_book.json

@@ -290,10 +290,9 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
 
 
 def test_device_run_makes_reference_runs_with_ccu_run():
-    """``tools/device_run.sh`` (reference stages) calls ``ccu run`` with the arguments the old
-    ``tools/reference_run.py`` front gave it."""
+    """``tools/device_run.sh`` (reference stages) calls ``ccu run`` with these arguments."""
     script = (cli.REPO / "tools" / "device_run.sh").read_text()
-    assert "reference_run.py" not in script and "python3 -m ccu run --dataset" in script
+    assert "python3 -m ccu run --dataset" in script
     argv = ["run", "--dataset", "digits", "--profile", "cpu", "--method", "Base", "CCU"]
     argv += ["--seed", "0", "--device", "auto", "--threads", "16"]
     argv += ["--reference-out", "reference-results", "--budget-seconds", "60"]

@@ -27,6 +27,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +167,10 @@ def chromium_args(binary: str) -> list[str]:
 
 def run_chromium(args: list[str], timeout: float = 120.0) -> str:
     env = dict(os.environ, HOME=os.environ.get("HOME", "/tmp"))
-    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    # a profile of its own: Chromium runs started at once would otherwise share one (and wait)
+    with tempfile.TemporaryDirectory(prefix="ccu-chromium-") as profile:
+        args = [*args[:1], f"--user-data-dir={profile}", *args[1:]]
+        res = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"chromium failed ({res.returncode}): {res.stderr[-2000:]}")
     return res.stdout
@@ -306,16 +311,29 @@ def main(argv=None) -> int:
         print(f"[check_book] Chromium not found; install it with: {INSTALL_HINT}", file=sys.stderr)
         return 2
     failures, summary = {}, {}
-    for page, source in pages_of_book(args.html).items():
-        name = page.relative_to(args.html).with_suffix("").as_posix()
+    pages = pages_of_book(args.html)
+
+    def check(page: Path, source: Path):
+        """One page: its DOM probed, its figures counted, its screenshot taken."""
         if not page.is_file():
-            failures[name] = [f"{page} was not built"]
-            continue
+            return None, [f"{page} was not built"], None
         found = probe_page(binary, page)
         n_fig = expected_figures(source)
         errors = check_page(found, n_fig)
+        name = page.relative_to(args.html).with_suffix("").as_posix()
         shot = args.screenshots / f"{name.replace('/', '_')}.png"
         screenshot(binary, page, shot, found["height"])
+        return found, errors, (shot, n_fig)
+
+    # several pages at once: a headless Chromium run takes ~3 s, mostly waiting, not computing
+    with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
+        results = list(pool.map(lambda item: check(*item), pages.items()))
+    for page, (found, errors, extra) in zip(pages, results, strict=True):
+        name = page.relative_to(args.html).with_suffix("").as_posix()
+        if found is None:
+            failures[name] = errors
+            continue
+        shot, n_fig = extra
         summary[name] = {
             "figures": len(found["figures"]),
             "expected_figures": n_fig,

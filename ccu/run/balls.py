@@ -43,7 +43,7 @@ from ccu.store.records import (
     BALLS_ARRAYS_SHA256,
     BALLS_FROM,
     BALLS_KEY,
-    CENTRE_SEED_OFFSET,  # noqa: F401 - part of this API (the seed of the centres)
+    CENTRE_SEED_OFFSET,
     CERTIFIED_AUC,
     IMAGES_INSIDE_BALLS,
     LEVEL,

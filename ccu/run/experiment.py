@@ -28,7 +28,6 @@ from ccu.methods import Method, get_method
 from ccu.run.config import Profile, get_profile
 from ccu.store import results as store
 from ccu.store.records import Metrics, RunSpec, TrainerOptions
-from ccu.store.results import RESULTS_ROOT, CorruptResultError  # noqa: F401 - part of this API
 
 
 def median(values: torch.Tensor) -> float:
@@ -136,7 +135,7 @@ def run_spec(
             except UnsoundDensityError:  # the family's bounds fail the check: say so, not "corrupt"
                 raise
             except (RuntimeError, ValueError, KeyError) as exc:
-                raise CorruptResultError(
+                raise store.CorruptResultError(
                     f"{files.path(store.MODEL)} does not fit {method} ({exc}). Delete "
                     f"{files.directory} and run the same step again to retrain."
                 ) from exc

@@ -25,7 +25,6 @@ BASE, CCU = "Base (ReLU network)", "CCU"
 
 
 def test_setup_chapter_validates_and_loads():
-    assert ccu.setup_chapter is chapter.setup_chapter
     data, prof, settings, methods = chapter.setup_chapter(
         "moons", "smoke", 0, "cpu", {"n_train": 100}, ["CCU", "Base"], verbose=False
     )

@@ -172,3 +172,15 @@ def test_guaranteed_auc_is_roc_auc_of_confidences_against_bounds():
     assert lp.guaranteed_auc([0.3, 0.9], [0.5, 1.0]) == 0.25
     with pytest.raises(ValueError):
         lp.guaranteed_auc([], [0.1])
+
+
+def test_linf_bounds_are_computed_once_per_metric_and_again_when_it_changes():
+    metric = random_metric(torch.Generator().manual_seed(3), 6)
+    first = lp.linf_norm_bounds(metric)
+    assert lp.linf_norm_bounds(metric) is first  # cached: no second eigenvalue problem
+    assert lp.lp_norm_factor(metric, math.inf) == first.upper
+    with torch.no_grad():
+        metric.whitening.mul_(2.0)  # the metric changed in place: recomputed, not reused
+    again = lp.linf_norm_bounds(metric)
+    assert again is not first and again.upper == pytest.approx(2 * first.upper, rel=1e-9)
+    assert lp.lp_norm_factor(metric, math.inf) == again.upper
