@@ -181,6 +181,21 @@ def test_the_run_record_travels_whole_from_the_cli_to_the_trainer(tmp_path, monk
     real_train_one = steps.train_one
     monkeypatch.setattr(steps, "train_one", lambda spec, *a, **k: made.append(spec)
                         or real_train_one(spec, *a, **k))  # fmt: skip
+    # the dataset's registry record is looked up twice: to scale the profile to its network
+    # (before any data is loaded), and to load the data, whose record then goes along (the
+    # trainer reads data.spec.settings); it was looked up 3 times (4 on smoke) by name
+    from ccu.data import registry
+    from ccu.run import config
+
+    lookups = []
+    real_spec = registry.get_spec
+
+    def spec_spy(name):
+        lookups.append(name)
+        return real_spec(name)
+
+    monkeypatch.setattr(registry, "get_spec", spec_spy)
+    monkeypatch.setattr(config, "get_spec", spec_spy)
     argv = ["train", "--dataset", "digits", "--method", "ODIN", "--profile", "smoke",
             "--overrides", '{"epochs": 1}', "--results", str(tmp_path), "--device", "cpu",
             "--no-progress"]  # fmt: skip
@@ -188,3 +203,4 @@ def test_the_run_record_travels_whole_from_the_cli_to_the_trainer(tmp_path, monk
     assert len(made) == 1 and seen[0] is made[0]  # the CLI's record itself, not a copy
     assert [s.method for s in seen] == ["ODIN", "Base"]
     assert seen[1] == made[0].with_method("Base")
+    assert lookups == ["digits", "digits"]  # the profile's scale, then the data (once for both)
