@@ -6,12 +6,20 @@
 # Usage: bash ci/test.sh [pytest args]
 source "$(dirname "$0")/env.sh"
 ensure_chromium
+began=$SECONDS  # the install above aside: the suite's own time, each part said at the end
+lap() { echo "[ccu] $1: $((SECONDS - mark)) s"; mark=$SECONDS; }
+mark=$SECONDS
 ruff check .
 ruff format --check .
 # shellcheck disable=SC2046
 nbstripout --verify $(python -c "$NBSTRIPOUT_ARGS") book/*.ipynb
 # two workers (pytest-xdist), one torch thread each; a file's tests stay on one worker, but
 # for the independent papermill and workflow runs (tests/conftest.py, SPREAD)
+lap "lint"
 python -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup --durations=30 "$@"
+lap "pytest"
 bash "$ROOT/ci/build_book.sh"
+lap "book"
 python tools/check_book.py --report _build/check_book.json
+lap "page check"
+echo "[ccu] the suite took $((SECONDS - began)) s after the install"

@@ -22,6 +22,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ccu"))
 SPREAD = {"test_notebooks.py", "test_workflow.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
     # ci/test.sh runs pytest-xdist with --dist loadgroup: a group runs on one worker
     for item in items:

@@ -1,26 +1,40 @@
 """Execute the book's chapters in parallel into the book's execution cache, before the build.
 
 ``jupyter-book build`` executes one chapter after another (``_config.yml``: ``execute_notebooks:
-cache``). This runs them at once on the machine's cores (jupyter-cache's ``local-parallel``
-executor, each chapter in its own kernel, in ``book/`` as the build does) and caches each
-executed notebook under ``_build/.jupyter_cache``, where the build then finds it and executes
-nothing. A chapter that fails is named with the end of its traceback, and the exit code is 1
-(the build would stop on it too: ``allow_errors: false``).
+cache``). This runs them at once on the machine's cores (a process per chapter, each with its
+own kernel, in ``book/`` as the build does: jupyter-cache's ``single_nb_execution``, what the
+build calls) and caches each executed notebook under ``_build/.jupyter_cache`` from this one
+process (jupyter-cache's own parallel executor writes its cache from every worker at once and
+loses records), where the build then finds it and executes nothing. A chapter that fails is
+named with the end of its traceback, and the exit code is 1 (the build would stop on it too:
+``allow_errors: false``).
 
 Chapters that train the same run at once are safe: the results store locks a run's folder, the
 second waits and loads what the first saved (``tests/store/test_results_store.py``).
 
-Usage: python tools/execute_chapters.py [--cache _build/.jupyter_cache] [--timeout 900] [CHAPTER ...]
+Usage: python tools/execute_chapters.py [--jobs N] [--timeout 900] [CHAPTER ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def execute(path: str, timeout: int):
+    """One chapter executed in its folder: ``(notebook, seconds, traceback or None)``."""
+    import nbformat
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    nb = nbformat.read(path, as_version=4)
+    result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
+                                 allow_errors=False)  # fmt: skip
+    return result.nb, result.time, (result.exc_string if result.err is not None else None)
 
 
 def main(argv=None) -> int:
@@ -28,11 +42,12 @@ def main(argv=None) -> int:
     parser.add_argument("chapters", nargs="*", help="notebooks (default: book/*.ipynb)")
     parser.add_argument("--cache", default=str(ROOT / "_build" / ".jupyter_cache"))
     parser.add_argument("--timeout", type=int, default=900, help="seconds per chapter")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="at once")
     args = parser.parse_args(argv)
 
     # jupyter-cache is what myst-nb caches executed notebooks with (the book extra installs it)
     from jupyter_cache import get_cache
-    from jupyter_cache.executors import load_executor
+    from jupyter_cache.base import CacheBundleIn
 
     chapters = [Path(c).resolve() for c in args.chapters] or sorted((ROOT / "book").glob("*.ipynb"))
     missing = [str(c) for c in chapters if not c.is_file()]
@@ -40,20 +55,26 @@ def main(argv=None) -> int:
         print(f"[execute_chapters] no such notebook: {', '.join(missing)}", file=sys.stderr)
         return 3
     cache = get_cache(args.cache)
-    for chapter in chapters:
-        cache.add_nb_to_project(str(chapter))
-    logger = logging.getLogger("execute_chapters")
-    logging.basicConfig(level=logging.WARNING, format="[execute_chapters] %(message)s")
-    executor = load_executor("local-parallel", cache, logger=logger)
-    uris = [str(c) for c in chapters]
-    result = executor.run_and_cache(filter_uris=uris, timeout=args.timeout, allow_errors=False)
-    failed = sorted(set(result.excepted) | set(result.errored))
-    for uri in failed:
-        record = cache.get_project_record(uri)
-        tail = "\n".join((record.traceback or "(no traceback)").strip().splitlines()[-15:])
-        print(f"[execute_chapters] {Path(uri).relative_to(ROOT)} failed:\n{tail}", file=sys.stderr)
-    done = len(set(result.succeeded))
-    print(f"[execute_chapters] {done} executed, {len(failed)} failed, {len(chapters)} chapters")
+    failed = []
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(execute, str(c), args.timeout): c for c in chapters}
+        for future in as_completed(futures):
+            chapter = futures[future]
+            nb, seconds, error = future.result()
+            name = chapter.relative_to(ROOT) if chapter.is_relative_to(ROOT) else chapter
+            if error is not None:
+                tail = "\n".join(error.strip().splitlines()[-15:])
+                print(f"[execute_chapters] {name} failed:\n{tail}", file=sys.stderr)
+                failed.append(name)
+                continue
+            record = cache.add_nb_to_project(str(chapter))
+            cache.cache_notebook_bundle(
+                CacheBundleIn(nb, record.uri, data={"execution_seconds": seconds}),
+                check_validity=False,
+                overwrite=True,
+            )
+            print(f"[execute_chapters] {name}: {seconds:.0f} s", flush=True)
+    print(f"[execute_chapters] {len(chapters) - len(failed)} executed, {len(failed)} failed")
     return 1 if failed else 0
 
 

@@ -221,7 +221,7 @@ RESNET_SMALL = {"epochs": 1, "n_train": 64, "n_test": 64, "n_centres": 3, "attac
     "chapter, dataset, mirror",
     # the colour set where the metric and the certificates are largest (D = 3072) in training,
     # the grey one (D = 784) through the attack and the certificates
-    [("training", "cifar10-jpeg", "cifar10"), ("adversarial_noise", "fmnist", "fashion-mnist")],
+    [("training", "cifar10-offline", "cifar10"), ("adversarial_noise", "fmnist", "fashion-mnist")],
 )
 def test_a_chapter_on_a_resnet18_dataset_with_the_scaled_smoke(
     chapter, dataset, mirror, tmp_path, monkeypatch
