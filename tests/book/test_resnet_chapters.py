@@ -1,0 +1,49 @@
+"""The chapters on the full-size ResNet18 datasets through papermill (scaled smoke)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ccu.run.config import get_profile
+
+papermill = pytest.importorskip("papermill")
+from chapter_papermill import glued, run_chapter  # noqa: E402
+
+#: the scaled smoke (ccu.core.settings.SMOKE_SCALE: 2 epochs on 200 points, 500 test points, 10
+#: centres) made smaller still: the chapter's path on a ResNet18 dataset in about a minute of a CPU
+#: core, not seven (the scaled profile's own fields: tests/run/test_smoke_scale.py)
+RESNET_SMALL = {"epochs": 1, "n_train": 64, "n_test": 64, "n_centres": 3, "attack_steps": 2,
+                "attack_restarts": 1, "n_components": 2}  # fmt: skip
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize(
+    "chapter, dataset, mirror",
+    # the colour set where the metric and the certificates are largest (D = 3072) in training,
+    # the grey one (D = 784) through the attack and the certificates
+    [("training", "cifar10-offline", "cifar10"), ("adversarial_noise", "fmnist", "fashion-mnist")],
+)
+def test_a_chapter_on_a_resnet18_dataset_with_the_scaled_smoke(
+    chapter, dataset, mirror, tmp_path, monkeypatch
+):
+    """The README's papermill path on the full-size ResNet18 datasets: ``smoke`` is scaled to the
+    network (ccu.core.settings.SMOKE_SCALE) before the user's overrides (here
+    :data:`RESNET_SMALL`), and the run is stored under the scaled profile's own name."""
+    if not (Path(__file__).resolve().parents[3] / "shared" / "data" / mirror).is_dir():
+        pytest.skip(f"offline {dataset} mirror not found")
+    monkeypatch.setenv("CCU_RESULTS", str(tmp_path / "results"))
+    methods = ["Base", "CCU"] if chapter == "adversarial_noise" else ["CCU"]
+    nb = run_chapter(tmp_path, chapter, dataset=dataset, methods=methods, overrides=RESNET_SMALL)
+    prof = get_profile("smoke", dataset, **RESNET_SMALL)
+    scaled = get_profile("smoke", dataset)
+    assert prof.name != "smoke" and prof.n_test == RESNET_SMALL["n_test"]
+    assert prof.ensemble == scaled.ensemble and prof.grid == scaled.grid  # the rest: scaled smoke
+    run = tmp_path / "results" / prof.training_label / dataset / "seed0" / "CCU"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["profile"]["n_test"] == prof.n_test and cfg["profile"]["epochs"] == prof.epochs
+    assert cfg["dataset"] == dataset
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["n_test"] == prof.n_test
+    if chapter == "adversarial_noise":
+        assert glued(nb)["adv_ccu_bound_violations"] == "0"
