@@ -34,6 +34,7 @@ from ccu.store.records import (
     Metrics,
     ordered,
 )
+from ccu.store.reference_results import REFERENCE_RESULTS, load_reference
 
 TABLES = ("Table 1", "Table 2", "AUPR", "P_Stats")
 #: what a cell without a number shows
@@ -58,11 +59,11 @@ def candidates(paper_dataset: str) -> list[str]:
 def ranked_runs(root: Path | None = None) -> dict[str, list[dict]]:
     """Per paper dataset, its committed reference runs, best first (see the module)."""
     profiles = sorted(report.reference_profiles(root), key=_profile_rank)
-    base = Path(root or report.REFERENCE_RESULTS)
+    base = Path(root or REFERENCE_RESULTS)
     out = {}
     for paper in PAPER_DATASETS:
         out[paper] = [
-            dict(report.load_reference(profile, n, root), dataset=n, profile=profile)
+            dict(load_reference(profile, n, root), dataset=n, profile=profile)
             for profile in profiles
             for n in candidates(paper)
             if (base / profile / n).is_dir()
