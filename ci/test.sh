@@ -13,8 +13,9 @@ ruff check .
 ruff format --check .
 # shellcheck disable=SC2046
 nbstripout --verify $(python -c "$NBSTRIPOUT_ARGS") book/*.ipynb
-# two workers (pytest-xdist), one torch thread each, the tests handed out one by one (a module
-# fixture may then be built on both workers: 632 s against 741 s with a file per worker)
+# two workers (pytest-xdist), one torch thread each, the tests handed out one by one (632 s
+# against 741 s with a file per worker; an expensive fixture is built once for both workers:
+# tests/helpers.py's built_once)
 lap "lint"
 python -m pytest tests -p no:cacheprovider -n 2 --dist load --durations=30 "$@"
 lap "pytest"

@@ -4,7 +4,9 @@ of a machine's path that committed results must not hold."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import shutil
 
 import torch
 from torch import nn
@@ -135,3 +137,25 @@ def printed_theorem1_counterexample() -> ccu.CCU:
         torch.zeros(1, 1), torch.tensor([math.log(4.0)]), torch.zeros(1), metric
     )
     return ccu.CCU(SaturatedClassifier(10), gin, gout, 10).double()
+
+
+def built_once(tmp_path_factory, name: str, build):
+    """A folder that ``build(folder)`` fills once per test session, even across pytest-xdist's
+    workers: the first worker to ask builds it under a file lock, the others wait for it and
+    reuse it (pytest-xdist's ``--dist loadgroup`` groups nothing under pytest 9, so a module
+    fixture whose tests went to both workers was built twice). A build that failed is tried
+    again by the next asker, and its error is its own."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this session
+    folder, done = root / f"once-{name}", root / f"once-{name}.done"
+    with FileLock(str(root / f"once-{name}.lock")):
+        if not done.exists():
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder

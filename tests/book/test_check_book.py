@@ -111,6 +111,11 @@ def _png() -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def probe(page, shot=None):
+    """The probe's findings for ``page`` in headless Chromium (and its screenshot to ``shot``)."""
+    return check_book.Browser(chromium).check(page, shot)
+
+
 def _page(tmp_path, body, head=""):
     page = tmp_path / "page.html"
     page.write_text(f"<html><head>{head}</head><body><main>{body}</main></body></html>")
@@ -120,10 +125,9 @@ def _page(tmp_path, body, head=""):
 @needs_chromium
 def test_chromium_sees_a_real_figure(tmp_path):
     body = f'<figure id="fig-a"><img src="data:image/png;base64,{_png()}"><figcaption>A</figcaption></figure>'
-    found = check_book.probe_page(chromium, _page(tmp_path, body))
-    assert check_book.check_page(found, 1) == []
     shot = tmp_path / "shot.png"
-    check_book.screenshot(chromium, _page(tmp_path, body), shot, found["height"])
+    found = probe(_page(tmp_path, body), shot)
+    assert check_book.check_page(found, 1) == []
     assert shot.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -131,10 +135,10 @@ def test_chromium_sees_a_real_figure(tmp_path):
 def test_chromium_flags_a_figure_drawn_with_agg(tmp_path):
     # with the Agg backend a glued figure has only its text form: no image in the figure
     body = '<figure id="fig-a"><pre>&lt;Figure size 640x480 with 1 Axes&gt;</pre></figure>'
-    found = check_book.probe_page(chromium, _page(tmp_path, body))
+    found = probe(_page(tmp_path, body))
     assert any("0 show a non-empty image" in e for e in check_book.check_page(found, 1))
     broken = '<figure id="fig-b"><img src="missing.png"></figure>'
-    found = check_book.probe_page(chromium, _page(tmp_path, broken))
+    found = probe(_page(tmp_path, broken))
     assert any("0 show a non-empty image" in e for e in check_book.check_page(found, 1))
 
 
@@ -145,7 +149,7 @@ def test_chromium_flags_mathjax_from_a_cdn(tmp_path):
         '<script defer src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"></script>'
     )
     body = r'<p>uniform <span class="math notranslate nohighlight">\(1/M\)</span></p>'
-    found = check_book.probe_page(chromium, _page(tmp_path, body, head))
+    found = probe(_page(tmp_path, body, head))
     errors = check_book.check_page(found, 0)
     assert any("MathJax did not load" in e for e in errors), errors
     assert any("raw LaTeX" in e for e in errors), errors
@@ -155,7 +159,7 @@ def test_chromium_flags_mathjax_from_a_cdn(tmp_path):
 @needs_chromium
 def test_chromium_flags_progress_bars_in_outputs(tmp_path):
     body = '<div class="cell_output"><pre>train digits: 100%|##########| 30/30 [00:03<00:00, 9.8it/s]</pre></div>'
-    found = check_book.probe_page(chromium, _page(tmp_path, body))
+    found = probe(_page(tmp_path, body))
     assert any("progress-bar" in e for e in check_book.check_page(found, 0))
 
 
@@ -168,8 +172,19 @@ def test_chromium_flags_a_table_wider_than_the_column(tmp_path):
         '<article style="width:600px"><div style="overflow-x:auto">'
         f"<table><tr>{cells}</tr></table></div></article>"
     )
-    found = check_book.probe_page(chromium, _page(tmp_path, wide))
+    found = probe(_page(tmp_path, wide))
     assert any("its right part cut off" in e for e in check_book.check_page(found, 0))
     roomy = wide.replace("width:600px", "width:4000px")
-    found = check_book.probe_page(chromium, _page(tmp_path, roomy))
+    found = probe(_page(tmp_path, roomy))
     assert check_book.check_page(found, 0) == []
+
+
+@needs_chromium
+def test_a_page_whose_mathjax_never_finishes_is_reported_after_the_wait(tmp_path):
+    """MathJax that never calls back: the checker waits (its own clock), then the probe reports
+    what the page shows, timed out (the wait only bounds a page that never finishes)."""
+    head = "<script>window.MathJax = {Hub: {Queue: function () {}}};</script>"
+    body = r'<p><span class="math notranslate nohighlight">\(x\)</span></p>'
+    found = check_book.Browser(chromium, wait_s=1).check(_page(tmp_path, body, head))
+    assert found["timed_out"]
+    assert any("did not finish typesetting" in e for e in check_book.check_page(found, 0))

@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import built_once
 
 from ccu import cli
 from ccu.run import reference
@@ -26,7 +27,10 @@ import lease  # noqa: E402
 TINY = {"epochs": 1, "n_train": 200, "n_centres": 6, "attack_steps": 3, "attack_restarts": 1}
 LABEL = get_profile("smoke", "digits", **TINY).label
 TINY_TRAINING_LABEL = get_profile("smoke", "digits", **TINY).training_label
-METHODS = ["CCU", "Base", "ODIN"]
+#: CCU (its part carries the balls) and one method attacked in them (ODIN, post hoc on Base in
+#: Base's lane, is left out here: ``test_lanes_hold_every_method_once...`` and the smoke grid in
+#: ``test_workflow.py`` keep it after Base; each method more costs ~15 s of CI)
+METHODS = ["CCU", "Base"]
 #: fields that time or date a run: they differ between two runs of the same thing
 CLOCK = {"attack_seconds", "train_seconds", "wall_seconds", "wall_seconds_total", "train_wall_seconds",
          "wall_seconds_per_method", "train_seconds_per_epoch", "commit", "lanes", "history"}  # fmt: skip
@@ -65,14 +69,17 @@ def _results(folder: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
-    """One uninterrupted lease of the three methods, absorbed into an empty reference."""
-    tmp = tmp_path_factory.mktemp("whole")
-    ref = tmp / "reference"
-    run, out = lease_run(tmp, "one", ref, METHODS)
-    assert run.returncode == 0, run.stdout + run.stderr
-    written = lease.absorb(out, ref)
-    assert list(written) == [ref / LABEL / "digits"]
-    return ref / LABEL / "digits"
+    """One uninterrupted lease of the methods, absorbed into an empty reference (built once
+    for both pytest-xdist workers)."""
+
+    def build(tmp):
+        ref = tmp / "reference"
+        run, out = lease_run(tmp, "one", ref, METHODS)
+        assert run.returncode == 0, run.stdout + run.stderr
+        written = lease.absorb(out, ref)
+        assert list(written) == [ref / LABEL / "digits"]
+
+    return built_once(tmp_path_factory, "lease", build) / "reference" / LABEL / "digits"
 
 
 def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_tables(
@@ -80,7 +87,7 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
 ):
     ref = tmp_path / "reference"  # what git holds between the two leases
     # lease 1 ends after its first part: CCU's, which carries the balls, always goes first
-    # (the Base lane waits for it to be sent); Base and ODIN are lost
+    # (the Base lane waits for it to be sent); Base is lost
     cut, out = lease_run(tmp_path, "A", ref, METHODS, jobs=2, LEASE_KILL_AFTER_PARTS="1")
     assert cut.returncode != 0
     lease.absorb(out, ref)
@@ -92,17 +99,17 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     calls, later, too_long, problem = lease.plan("digits", ref, LABEL, budget_s=900, jobs=2)
     assert problem is None
     planned = [m for methods, _, _ in calls for m in methods] + later + list(too_long)
-    assert "CCU" not in planned and {"Base", "ODIN"} <= set(planned)
+    assert "CCU" not in planned and "Base" in planned
     # a fresh machine (machine B: no results) attacks in the committed balls; a temporary file
     # that a killed write left among its parts never travels (an archive with it is refused)
     stray = tmp_path / "parts-B" / LABEL / "digits" / ".Base.config.json.123.tmp"
     stray.parent.mkdir(parents=True)
     stray.write_text("half a file")
-    run, out = lease_run(tmp_path, "B", ref, ["Base", "ODIN"])
+    run, out = lease_run(tmp_path, "B", ref, ["Base"])
     assert run.returncode == 0, run.stdout + run.stderr
     assert "attacks in the committed balls" in (out / f"{LABEL}-digits.log").read_text()
     lease.absorb(out, ref)
-    assert lease.committed_parts(folder) == ["Base", "ODIN", "CCU"]
+    assert lease.committed_parts(folder) == ["Base", "CCU"]
     mine, theirs = _results(folder), _results(whole)
     theirs.pop("CCU.guarantees.json")  # lease 1 ended before CCU's guarantees: in flight, lost
     assert mine == theirs
