@@ -114,10 +114,24 @@ def test_slurm_dry_run_renders_the_declared_resources(tmp_path):
     assert "--device cuda" in train[0] and "--gpu-slots" in train[0]
 
 
+#: the smoke grid's runs made smaller (1 epoch on 200 points, 3-step attacks): its 15 jobs are
+#: each a process of their own, the run's cost is mostly theirs (140 s of CI with the plain
+#: smoke profile; the README's command itself is the same grid on ``smoke``)
+GRID_SMALL = {"epochs": 1, "n_train": 200, "attack_steps": 3, "attack_restarts": 1}
+
+
 def test_the_smoke_grid_runs_end_to_end_and_a_second_run_does_nothing(tmp_path):
     results, ref = tmp_path / "results", tmp_path / "reference"
-    config = ["--configfile", str(REPO / "workflow" / "smoke.yaml")]
+    small = tmp_path / "small.yaml"
+    small.write_text(json.dumps({"overrides": GRID_SMALL}))  # JSON is YAML
+    config = ["--configfile", str(REPO / "workflow" / "smoke.yaml"), str(small)]
     config += ["--config", f"results={results}", f"reference={ref}"]
+    from ccu.run.config import get_profile
+
+    small_profile = get_profile("smoke", "digits", **GRID_SMALL)
+    # the runs under the training's name, the attack's tables under the whole profile's
+    label, trained = small_profile.label, small_profile.training_label
+    assert trained != label
     start = time.perf_counter()
     rc, out = snakemake(tmp_path, "--cores", "2", *config)
     wall = time.perf_counter() - start
@@ -125,7 +139,7 @@ def test_the_smoke_grid_runs_end_to_end_and_a_second_run_does_nothing(tmp_path):
     print(f"smoke grid (digits, Base/ODIN/CCU, seeds 0 and 1): {wall:.0f} s")
     counts = job_counts(out)
     assert counts["train"] == 6 and counts["evaluate"] == 6 and counts["attack"] == 2
-    tables = results / "smoke" / "digits" / "tables"
+    tables = results / label / "digits" / "tables"
     md = (tables / "tables.md").read_text()
     print(md)
     assert "mean ± sd over seeds [0, 1]" in md and " ± " in md
@@ -135,13 +149,13 @@ def test_the_smoke_grid_runs_end_to_end_and_a_second_run_does_nothing(tmp_path):
     for seed in (0, 1):
         for m in ("Base", "ODIN", "CCU"):
             assert (
-                results / "logs" / "smoke" / "digits" / f"seed{seed}" / f"train.{m}.log"
+                results / "logs" / trained / "digits" / f"seed{seed}" / f"train.{m}.log"
             ).exists()
             cfg = json.loads(
-                (results / "smoke" / "digits" / f"seed{seed}" / m / "config.json").read_text()
+                (results / trained / "digits" / f"seed{seed}" / m / "config.json").read_text()
             )
-            assert cfg["seed"] == seed
-    copied = json.loads((ref / "smoke" / "digits" / "table1.json").read_text())
+            assert cfg["seed"] == seed and cfg["profile"]["epochs"] == 1
+    copied = json.loads((ref / label / "digits" / "table1.json").read_text())
     assert set(copied["methods"]) == {"Base", "ODIN", "CCU"} and copied["device"] == "cpu"
     rc, out = snakemake(tmp_path, "--cores", "2", *config)
     assert rc == 0 and "Nothing to be done" in out, out[-3000:]
