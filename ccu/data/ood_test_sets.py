@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.ndimage import gaussian_filter
 
 from ccu.data.archives import TINY_IMAGENET_FILES, tiny_imagenet
 from ccu.data.cifar10 import cifar10_split
@@ -48,6 +47,10 @@ def noise_set(x: torch.Tensor, seed: int, return_details: bool = False):
     """
     if x.ndim != 4:
         raise ValueError(f"noise_set needs images (N, C, H, W); got shape {tuple(x.shape)}.")
+    # imported here: scipy.ndimage takes 0.5 s to import, paid by every process that imports
+    # ccu (a CLI step, a notebook's kernel), most of which never make this set
+    from scipy.ndimage import gaussian_filter
+
     shuffled = permuted_pixels(x, seed)
     rng = np.random.default_rng(seed)
     sigmas = rng.uniform(*NOISE_SIGMA_RANGE, size=len(x))

@@ -254,7 +254,7 @@ def test_attacking_without_balls_or_in_stale_balls_is_one_line(tmp_path, capsys)
     assert cli.main(["attack", "--method", "Base", *common]) == cli.EXIT_CORRUPT
 
 
-def test_de_members_trained_in_lanes_at_once_give_the_sequential_run(tmp_path):
+def test_de_members_trained_in_lanes_at_once_give_the_sequential_run(tmp_path, capsys):
     """DE's members in processes of their own (``ccu train --member I``) while the run itself
     trains: each member is trained once (a lock per member), the run resumes the others from
     their final checkpoints, and every file equals that of one process training all members."""
@@ -277,10 +277,12 @@ def test_de_members_trained_in_lanes_at_once_give_the_sequential_run(tmp_path):
                for d in (lanes, tmp_path / "one")]  # fmt: skip
     assert history[0] == history[1]
     # a finished run: a member lane has nothing to do; a member outside the ensemble is usage
-    again = subprocess.run([*cmd, "--member", "0"], env=env, capture_output=True, text=True)
-    assert again.returncode == 0 and "finished already" in again.stdout
-    bad = subprocess.run([*cmd, "--member", "3"], env=env, capture_output=True, text=True)
-    assert bad.returncode == 2 and "--member must be in 0..2" in bad.stderr
+    # (in this process: the same command line, without a new interpreter's 4 s of imports)
+    capsys.readouterr()
+    assert cli.main(["train", *common, "--results", str(lanes), "--member", "0"]) == cli.EXIT_OK
+    assert "finished already" in capsys.readouterr().out
+    assert cli.main(["train", *common, "--results", str(lanes), "--member", "3"]) == 2
+    assert "--member must be in 0..2" in capsys.readouterr().err
 
 
 def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
