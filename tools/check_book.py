@@ -13,8 +13,8 @@ It works on the DOM after scripts have run: one headless Chromium (the system's,
 Playwright: no browser download) opens each page with a probe script that waits for MathJax,
 measures the page and writes its findings as JSON into the DOM; the same loaded page is then
 photographed, full width, to ``_build/screenshots/<page>.png`` (at most 30,000 pixels high).
-Each page is loaded once (until 0.5.0 two Chromium processes per page, one for the DOM and one
-for the screenshot, took 82 of the suite's seconds).
+Each page is loaded once (Chromium's command line needs a process for the DOM and another for
+the screenshot of each page: twice the time).
 
 Usage: ``python tools/check_book.py [--html _build/html] [--screenshots _build/screenshots]``.
 Exit status 1 lists every failed check; 2 says how to install Chromium when it is missing.
@@ -328,25 +328,22 @@ def main(argv=None) -> int:
     failures, summary = {}, {}
     pages = pages_of_book(args.html)
 
+    def name_of(page: Path) -> str:
+        return page.relative_to(args.html).with_suffix("").as_posix()
+
     def shot_of(page: Path) -> Path:
-        name = page.relative_to(args.html).with_suffix("").as_posix()
-        return args.screenshots / f"{name.replace('/', '_')}.png"
+        return args.screenshots / f"{name_of(page).replace('/', '_')}.png"
 
     built = [page for page in pages if page.is_file()]
-    found = dict(zip(built, Browser(binary).check_all((p, shot_of(p)) for p in built), strict=True))
-    results = []
+    probed = Browser(binary).check_all((page, shot_of(page)) for page in built)
+    findings = dict(zip(built, probed, strict=True))
     for page, source in pages.items():
-        if page not in found:
-            results.append((None, [f"{page} was not built"], None))
+        name = name_of(page)
+        if page not in findings:
+            failures[name] = [f"{page} was not built"]
             continue
-        n_fig = expected_figures(source)
-        results.append((found[page], check_page(found[page], n_fig), (shot_of(page), n_fig)))
-    for page, (found, errors, extra) in zip(pages, results, strict=True):
-        name = page.relative_to(args.html).with_suffix("").as_posix()
-        if found is None:
-            failures[name] = errors
-            continue
-        shot, n_fig = extra
+        found, shot, n_fig = findings[page], shot_of(page), expected_figures(source)
+        errors = check_page(found, n_fig)
         summary[name] = {
             "figures": len(found["figures"]),
             "expected_figures": n_fig,

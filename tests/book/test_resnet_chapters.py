@@ -25,9 +25,9 @@ def test_the_attack_chapter_on_a_resnet18_dataset_with_the_scaled_smoke(tmp_path
 
     One chapter on the colour set, where the metric and the certificates are largest
     (D = 3072): *Adversarial noise* trains Base and CCU (the ResNet18's training, CCU's metric
-    and mixtures), attacks them and certifies the balls. (Until 0.5.0 *Training* ran on
-    ``cifar10-offline`` and *Adversarial noise* on ``fmnist`` apart: 140 s of CI for the same
-    path; ``fmnist``'s full-size loading is in ``tests/data/test_full_datasets.py``.)"""
+    and mixtures), attacks them and certifies the balls: the path that *Training* on
+    ``cifar10-offline`` and *Adversarial noise* on ``fmnist`` took apart, in one run
+    (``fmnist``'s full-size loading: ``tests/data/test_full_datasets.py``)."""
     dataset = "cifar10-offline"
     if not (Path(__file__).resolve().parents[3] / "shared" / "data" / "cifar10").is_dir():
         pytest.skip(f"offline {dataset} mirror not found")
