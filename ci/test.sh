@@ -29,11 +29,12 @@ book_log=_build/book-check.log
   echo "[ccu] page check: $((SECONDS - start)) s (beside pytest)"
 ) >"$book_log" 2>&1 &
 book=$!
-# two workers (pytest-xdist), one torch thread each, the tests handed out one by one (632 s
-# against 741 s with a file per worker; an expensive fixture is built once for both workers:
-# tests/helpers.py's built_once)
+# two workers (pytest-xdist), one torch thread each, handed one test at a time, the heaviest
+# first (tests/conftest.py orders them by their measured CPU seconds: neither worker is left to
+# finish a long test alone at the end); an expensive fixture is built once for both workers
+# (tests/helpers.py's built_once)
 tests=0
-python -m pytest tests -p no:cacheprovider -n 2 --dist load --durations=30 "$@" || tests=$?
+python -m pytest tests -p no:cacheprovider -n 2 --dist load --maxschedchunk 1 --durations=30 "$@" || tests=$?
 lap "pytest"
 book_rc=0
 wait "$book" || book_rc=$?

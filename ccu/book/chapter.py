@@ -46,7 +46,7 @@ class ChapterSetup(NamedTuple):
 
 
 def in_notebook() -> bool:
-    """True inside a Jupyter kernel (interactive or executed by the book build, nbval, papermill)."""
+    """True inside a Jupyter kernel (interactive or executed by the book build or papermill)."""
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython comes with the book extra

@@ -3,7 +3,7 @@ a dataset record holds. Plain data: this module imports nothing of ``ccu``, so e
 may import it (:mod:`ccu.run.config` adds the checked :func:`~ccu.run.config.get_profile`).
 
 * ``smoke``: minutes per chapter on 2 CPU cores (scaled down on ResNet18 datasets:
-  :data:`ccu.core.settings.SMOKE_SCALE`), offline data only (CI, nbval).
+  :data:`ccu.core.settings.SMOKE_SCALE`), offline data only (CI, the book build).
 * ``cpu``: a real but reduced run on the CPU (minutes).
 * ``paper``: the paper's protocol (100 epochs, 500-step 50-restart attacks on 200 noise points); GPU.
 """

@@ -30,9 +30,8 @@ def test_bench_gpu_runs_small(tmp_path):
         row = r[method]
         assert row["old_epoch_s"] > 0 and row["new_epoch_s"] > 0 and row["new_bf16_epoch_s"] > 0
         assert row["speedup"] == row["old_epoch_s"] / row["new_epoch_s"]
-    assert (
-        r["steps_per_epoch"] == 1
-    )  # 128 in- and 128 out-images: one step (bf16 is slow on a CPU) and r["attack"]["seeds"] == 3
+    # 128 in- and 128 out-images: one step (bf16 is slow on a CPU)
+    assert r["steps_per_epoch"] == 1 and r["attack"]["seeds"] == 3
     assert out.exists() and any("CCU step / Base step" in line for line in bench.summary(result))
 
 

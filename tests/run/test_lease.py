@@ -67,10 +67,9 @@ def _results(folder: Path) -> dict:
     return {p.name: _strip(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))}
 
 
-@pytest.fixture(scope="module")
-def whole(tmp_path_factory):
-    """One uninterrupted lease of the methods, absorbed into an empty reference (built once
-    for both pytest-xdist workers)."""
+def whole_lease(tmp_path_factory) -> Path:
+    """One uninterrupted lease of the methods, absorbed into an empty reference: its folder
+    (built once for both pytest-xdist workers)."""
 
     def build(tmp):
         ref = tmp / "reference"
@@ -82,9 +81,16 @@ def whole(tmp_path_factory):
     return built_once(tmp_path_factory, "lease", build) / "reference" / LABEL / "digits"
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    return whole_lease(tmp_path_factory)
+
+
 def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_tables(
-    whole, tmp_path
+    tmp_path_factory, tmp_path
 ):
+    # the uninterrupted lease is asked for only at the end: meanwhile the other worker may
+    # build it (for this test or the next), and neither waits for the other
     ref = tmp_path / "reference"  # what git holds between the two leases
     # lease 1 ends after its first part: CCU's, which carries the balls, always goes first
     # (the Base lane waits for it to be sent); Base is lost
@@ -110,7 +116,7 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     assert "attacks in the committed balls" in (out / f"{LABEL}-digits.log").read_text()
     lease.absorb(out, ref)
     assert lease.committed_parts(folder) == ["Base", "CCU"]
-    mine, theirs = _results(folder), _results(whole)
+    mine, theirs = _results(folder), _results(whole_lease(tmp_path_factory))
     theirs.pop("CCU.guarantees.json")  # lease 1 ended before CCU's guarantees: in flight, lost
     assert mine == theirs
 

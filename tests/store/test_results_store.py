@@ -132,10 +132,15 @@ def uninterrupted(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("stage", ["training", "scoring", "attack"])
-def test_a_killed_run_resumes_to_the_same_files(uninterrupted, tmp_path, stage):
-    killed = _child(tmp_path, stage)
-    assert killed.returncode == 9, killed.stderr[-3000:]
+def test_a_run_killed_at_each_stage_resumes_to_the_same_files(uninterrupted, tmp_path):
+    """One run killed three times: in the first method's training (after an epoch's
+    checkpoint), then, resumed, in its scoring, then, resumed again, in the attack (after the
+    first method's attack was saved). Each process takes up what the one before it left (one
+    chain: four processes where a fresh run per stage took six), and the last ends with the
+    files of a run never killed."""
+    for stage in ("training", "scoring", "attack"):
+        killed = _child(tmp_path, stage)
+        assert killed.returncode == 9, (stage, killed.stderr[-3000:])
     resumed = _child(tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _same_files(uninterrupted, tmp_path)
