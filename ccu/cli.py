@@ -167,6 +167,8 @@ def cmd_evaluate(args) -> int:
         for row in guarantees.summary_rows(g):
             cells = (f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
             print("  " + ", ".join(cells))
+    if args.part_out:
+        _write_parts(args, [args.method], args.part_out)
     ev = Metrics.from_json(out)  # evaluation.json: the test error and the OOD sets as metrics.json
     print(
         f"{args.method} on {args.dataset}, seed {args.seed}: test error {100 * ev.test_error:.2f} %"
@@ -212,6 +214,8 @@ def cmd_attack(args) -> int:
                 f"saved balls: TE {100 * row[TE]:.2f} %, SR {100 * row[SR]:.1f} %, "
                 f"AUC {100 * row[AUC]:.1f}"
             )
+        if args.part_out:
+            _write_parts(args, methods, args.part_out)
         return EXIT_OK
     s = steps.attack_dataset(spec, methods, _root(args)).summary
     head = AttackSummary.from_json(s)
@@ -221,6 +225,8 @@ def cmd_attack(args) -> int:
         f"CCU bound violations {head.ccu_bound_violations}"
     )
     print(report.attack_table(s, args.dataset).to_string())
+    if args.part_out:
+        _write_parts(args, methods, args.part_out)
     return EXIT_OK
 
 
@@ -257,19 +263,25 @@ def cmd_reference(args) -> int:
     return EXIT_OK
 
 
-def cmd_part(args) -> int:
+def _write_parts(args, methods, out_dir, max_balls_mib: float = 16.0) -> None:
+    """Each method's reference-results part into ``out_dir`` (``ccu part``; ``--part-out`` of
+    ``ccu attack`` and ``ccu evaluate``)."""
     from ccu.run.checks import profile
     from ccu.run.reference import write_part
 
     prof = profile(args.profile, args.overrides, args.dataset)
-    if not args.max_balls_mib >= 0:
-        raise UsageError(f"--max-balls-mib must be a size in MiB (>= 0), not {args.max_balls_mib}.")
-    for method in args.method:
+    if not max_balls_mib >= 0:
+        raise UsageError(f"--max-balls-mib must be a size in MiB (>= 0), not {max_balls_mib}.")
+    for method in methods:
         out = write_part(
-            args.dataset, prof, args.seed, method, args.out, _root(args),
-            int(args.max_balls_mib * (1 << 20)),
+            args.dataset, prof, args.seed, method, out_dir, _root(args),
+            int(max_balls_mib * (1 << 20)),
         )  # fmt: skip
         print(f"the part of {method} on {args.dataset} (seed {args.seed}) written to {out}")
+
+
+def cmd_part(args) -> int:
+    _write_parts(args, args.method, args.out, args.max_balls_mib)
     return EXIT_OK
 
 

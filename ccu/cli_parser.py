@@ -119,6 +119,13 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
         one(p, "--dataset", "dataset", datasets)
         one(p, "--method", "method", methods, many=many)
         p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+        if name in ("evaluate", "attack"):
+            p.add_argument(
+                "--part-out",
+                metavar="DIR",
+                help="then write the method's reference-results part into DIR, as `ccu part "
+                "--out DIR` would (tools/lease_run.sh: one process less per method on a lease)",
+            )
         if name == "evaluate":
             p.add_argument(
                 "--guarantees",

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from ccu import cli
@@ -56,16 +57,15 @@ def test_the_console_script_is_installed():
     assert "exit codes" in out.stdout
 
 
-def test_python_dash_m_ccu_lists_methods_and_datasets():
+def test_python_dash_m_ccu_lists_methods_and_datasets(capsys):
     out = subprocess.run(
         [sys.executable, "-m", "ccu", "methods"], capture_output=True, text=True, check=True
     ).stdout
     names = [line.split()[0] for line in out.splitlines()]
     assert names[: len(METHOD_ORDER)] == list(METHOD_ORDER)  # the paper's order, then others
     assert "post-hoc on Base" in out
-    out = subprocess.run(
-        [sys.executable, "-m", "ccu", "datasets"], capture_output=True, text=True, check=True
-    ).stdout
+    assert cli.main(["datasets"]) == cli.EXIT_OK  # in-process: one interpreter start is enough
+    out = capsys.readouterr().out
     assert "digits" in out and "mnist-offline" in out
 
 
@@ -227,8 +227,8 @@ def test_check_grid_names_the_wrong_key():
     checks.check_grid(**ok)
     with pytest.raises(cli.UsageError, match="must include CCU"):
         checks.check_grid(**dict(ok, methods=["Base"]))
-    with pytest.raises(cli.UsageError, match="unknown dataset 'x'.*workflow config"):
-        checks.check_grid(**dict(ok, datasets=["x"]))
+    with pytest.raises(cli.UsageError, match="unknown dataset 'mnst'.*mnist.*workflow config"):
+        checks.check_grid(**dict(ok, datasets=["mnst"]))
     with pytest.raises(cli.UsageError, match="seeds .* non-negative integers"):
         checks.check_grid(**dict(ok, seeds=["a"]))
     with pytest.raises(cli.UsageError, match="reference_seed 3"):
@@ -260,6 +260,15 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
         for s in (0, 1)
     )
     assert m0["seed"] == 0 and m1["seed"] == 1 and m0["data_checksum"] != m1["data_checksum"]
+    # the workflow's tables step over both seeds' files (the smoke grid in test_workflow.py
+    # runs one seed end to end; its fan-out to seeds is checked in its dry runs)
+    tables = ["tables", "--dataset", "digits", "--method", "Base", "CCU", "--seed", "0", "1"]
+    assert cli.main([*tables, *common]) == cli.EXIT_OK
+    said = capsys.readouterr().out
+    assert "mean ± sd over seeds [0, 1]" in said and " ± " in said
+    t1 = pd.read_csv(next(res.glob("*/digits/tables")) / "table1.csv")
+    assert set(t1.method) == {"Base", "CCU"} and (t1.n == 2).all()
+    assert t1[(t1.method == "CCU") & (t1.key == "SR")]["mean"].iloc[0] == 0.0
     # the reference copy: what ``--reference-out`` wrote
     out_dir = ref / PROF.label / "digits"
     names = {p.name for p in out_dir.iterdir()}

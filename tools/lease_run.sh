@@ -152,9 +152,10 @@ await() {  # wait for file $1 unless $2 appears first (then 3) or the hard limit
 
 finish() {  # lane k: attack a trained method in the balls, write its part, send it with the rest
   local m=$1 rc
-  one attack --method "$m" || { echo "$? $m attack" >"$lanes/rc-$k"; return 1; }
+  # one process: the attack, then the part (`ccu attack --part-out`, as `ccu part` writes it)
   CCU_TRAIN_WALL_SECONDS=$(cat "$lanes/train-seconds-$m") \
-    one part --method "$m" --out "$lanes/stage-$k" || { echo "$? $m part" >"$lanes/rc-$k"; return 1; }
+    one attack --method "$m" --part-out "$lanes/stage-$k" ||
+    { echo "$? $m attack (or its part)" >"$lanes/rc-$k"; return 1; }
   if [ "$with_ccu" = 1 ] && [ "$m" != CCU ]; then  # CCU's part (with the balls) goes first
     await "$lanes/ccu-packed" "$lanes/ccu-ended"
     rc=$?
@@ -164,9 +165,8 @@ finish() {  # lane k: attack a trained method in the balls, write its part, send
   [ "$m" = CCU ] && : >"$lanes/ccu-packed"
   echo "lease_run: $m finished at $((SECONDS - t0)) s"
   if [ "$m" = CCU ]; then  # its guarantees (GAUC) join its part once it is sent
-    one evaluate --method CCU --guarantees >/dev/null &&
-      CCU_TRAIN_WALL_SECONDS=$(cat "$lanes/train-seconds-$m") \
-        one part --method CCU --out "$lanes/stage-$k" >/dev/null && pack
+    CCU_TRAIN_WALL_SECONDS=$(cat "$lanes/train-seconds-$m") \
+      one evaluate --method CCU --guarantees --part-out "$lanes/stage-$k" >/dev/null && pack
   fi
   return 0
 }

@@ -246,6 +246,14 @@ def test_attacking_without_balls_or_in_stale_balls_is_one_line(tmp_path, capsys)
     assert cli.main(["train", "--method", "CCU", *common]) == cli.EXIT_OK
     assert cli.main(["balls", *common]) == cli.EXIT_OK
     assert cli.main(["attack", "--method", "Base", *common]) == cli.EXIT_OK
+    # --part-out: the attack writes the method's part itself, as `ccu part` does (the lanes of
+    # tools/lease_run.sh: one process less per method)
+    assert cli.main(["part", "--method", "Base", "--out", str(tmp_path / "p1"), *common]) == 0
+    attack_part = ["attack", "--method", "Base", "--part-out", str(tmp_path / "p2")]
+    assert cli.main([*attack_part, *common]) == cli.EXIT_OK
+    p1, p2 = (tmp_path / p / LABEL / "digits" for p in ("p1", "p2"))
+    assert sorted(f.name for f in p2.iterdir()) == sorted(f.name for f in p1.iterdir())
+    assert _results(p2) == _results(p1) and (p2 / "Base.attack.json").exists()
     capsys.readouterr()
     assert cli.main(["part", "--method", "ODIN", "--out", str(tmp_path / "r"), *common]) == 3
     assert "ODIN on digits is not trained" in capsys.readouterr().err
