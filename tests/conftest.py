@@ -22,8 +22,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ccu"))
 # workers, handed one test at a time (ci/test.sh: --maxschedchunk 1), never end on a long test
 # that one worker started while the other ran out of work (the longest-first rule). A file's
 # tests stay together, so module fixtures are built once per worker as before. The order
-# changes no result: only when the suite ends. Costs: tests/cpu_seconds.json (a test not in it
-# counts 0); to measure them again: CCU_TEST_CPU=/tmp/cpu.jsonl bash ci/test.sh, then
+# changes no result: only when the suite ends. Tests marked ``late`` come after all others (they
+# start from a folder that a heavier test builds once: a worker handed one early would wait for
+# it). Costs: tests/cpu_seconds.json (a test not in it counts 0); to measure them again:
+# CCU_TEST_CPU=/tmp/cpu.jsonl bash ci/test.sh, then
 # python tools/test_costs.py /tmp/cpu.jsonl --write tests/cpu_seconds.json.
 COSTS = Path(__file__).with_name("cpu_seconds.json")
 
@@ -36,6 +38,7 @@ def pytest_collection_modifyitems(items):
     position = {item.nodeid: i for i, item in enumerate(items)}
     items.sort(
         key=lambda it: (
+            it.get_closest_marker("late") is not None,
             -by_file[it.location[0]],
             it.location[0],
             -costs.get(it.nodeid, 0),

@@ -89,8 +89,8 @@ def whole(tmp_path_factory):
 def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_tables(
     tmp_path_factory, tmp_path
 ):
-    # the uninterrupted lease is asked for only at the end: meanwhile the other worker may
-    # build it (for this test or the next), and neither waits for the other
+    # the uninterrupted lease is asked for (and built) only at the end; the tests that start
+    # with it are marked ``late`` (tests/conftest.py runs them last): no worker waits for it
     ref = tmp_path / "reference"  # what git holds between the two leases
     # lease 1 ends after its first part: CCU's, which carries the balls, always goes first
     # (the Base lane waits for it to be sent); Base is lost
@@ -121,6 +121,7 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     assert mine == theirs
 
 
+@pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
 def test_absorb_never_replaces_a_committed_part_nor_mixes_balls(whole, tmp_path):
     folder = tmp_path / "reference" / LABEL / "digits"
     shutil.copytree(whole, folder)
@@ -191,6 +192,7 @@ def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path):
     assert lease.main(["plan", "--dataset", "mnist", "--reference", str(tmp_path)]) == 3
 
 
+@pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
 def test_a_part_is_never_overwritten_by_another_run(whole, tmp_path):
     cfg = json.loads((whole / "Base.config.json").read_text())
     out = tmp_path / "x"
@@ -208,6 +210,7 @@ def test_a_part_is_never_overwritten_by_another_run(whole, tmp_path):
         reference._refuse_other_run(whole, "CCU", ccu, balls_key="0" * 64)
 
 
+@pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
 def test_parts_and_balls_are_absorbed_only_together_with_the_balls_method(whole, tmp_path):
     """A call cut after Base's part but before CCU's (whose part carries the balls) brings
     parts attacked in balls that git does not hold: they are not absorbed, nor are balls
