@@ -214,17 +214,15 @@ def cmd_attack(args) -> int:
                 f"saved balls: TE {100 * row[TE]:.2f} %, SR {100 * row[SR]:.1f} %, "
                 f"AUC {100 * row[AUC]:.1f}"
             )
-        if args.part_out:
-            _write_parts(args, methods, args.part_out)
-        return EXIT_OK
-    s = steps.attack_dataset(spec, methods, _root(args)).summary
-    head = AttackSummary.from_json(s)
-    print(
-        f"{args.dataset} (profile {spec.profile.name}, seed {args.seed}): {head.n_certified} of "
-        f"{head.n_centres} noise points certified, median radius {head.median_radius:.4g}, "
-        f"CCU bound violations {head.ccu_bound_violations}"
-    )
-    print(report.attack_table(s, args.dataset).to_string())
+    else:
+        s = steps.attack_dataset(spec, methods, _root(args)).summary
+        head = AttackSummary.from_json(s)
+        print(
+            f"{args.dataset} (profile {spec.profile.name}, seed {args.seed}): "
+            f"{head.n_certified} of {head.n_centres} noise points certified, median radius "
+            f"{head.median_radius:.4g}, CCU bound violations {head.ccu_bound_violations}"
+        )
+        print(report.attack_table(s, args.dataset).to_string())
     if args.part_out:
         _write_parts(args, methods, args.part_out)
     return EXIT_OK
@@ -270,8 +268,6 @@ def _write_parts(args, methods, out_dir, max_balls_mib: float = 16.0) -> None:
     from ccu.run.reference import write_part
 
     prof = profile(args.profile, args.overrides, args.dataset)
-    if not max_balls_mib >= 0:
-        raise UsageError(f"--max-balls-mib must be a size in MiB (>= 0), not {max_balls_mib}.")
     for method in methods:
         out = write_part(
             args.dataset, prof, args.seed, method, out_dir, _root(args),
@@ -281,6 +277,8 @@ def _write_parts(args, methods, out_dir, max_balls_mib: float = 16.0) -> None:
 
 
 def cmd_part(args) -> int:
+    if not args.max_balls_mib >= 0:
+        raise UsageError(f"--max-balls-mib must be a size in MiB (>= 0), not {args.max_balls_mib}.")
     _write_parts(args, args.method, args.out, args.max_balls_mib)
     return EXIT_OK
 

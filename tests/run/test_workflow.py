@@ -32,6 +32,11 @@ def snakemake(cwd, *args, timeout=600):
     return done.returncode, done.stdout + done.stderr
 
 
+def jobs_of(output: str) -> list[str]:
+    """The job blocks of a (dry) run's output, each starting ``rule <name>:``."""
+    return re.split(r"\n(?=(?:local)?rule \w+:)", output)
+
+
 def job_counts(output: str) -> dict[str, int]:
     """The 'Job stats' table of a (dry) run: rule -> number of jobs."""
     assert "Job stats:" in output, output[-3000:]
@@ -66,7 +71,7 @@ def test_dry_run_of_the_paper_grid_lists_exactly_its_jobs(tmp_path):
     )
     counts = job_counts(out)
     assert (counts["train"], counts["attack"], counts["tables"]) == (165, 15, 5)
-    jobs = re.split(r"\n(?=(?:local)?rule \w+:)", out)
+    jobs = jobs_of(out)
     gpu_jobs = [j for j in jobs if j.startswith(("rule train:", "rule attack:"))]
     assert len(gpu_jobs) == 180
     assert all("--gpu-slots" in j and "--jobs-per-gpu 4" in j for j in gpu_jobs)
@@ -90,7 +95,7 @@ def test_smoke_grid_names_each_datasets_folder_after_its_own_profile(tmp_path):
     assert "results/smoke/fmnist/" not in out
     # ODIN is post hoc on Base: its job waits for Base's run of the same seed (the grid run end
     # to end below trains Base and CCU only)
-    jobs = re.split(r"\n(?=(?:local)?rule \w+:)", out)
+    jobs = jobs_of(out)
     odin = [j for j in jobs if j.startswith("rule train:") and "method=ODIN" in j]
     assert len(odin) == 4  # 2 datasets x 2 seeds
     for job in odin:
@@ -113,7 +118,7 @@ def test_slurm_dry_run_renders_the_declared_resources(tmp_path):
     )
     assert rc == 0, out[-3000:]
     assert job_counts(out)["train"] == 11
-    jobs = re.split(r"\n(?=(?:local)?rule \w+:)", out)
+    jobs = jobs_of(out)
     train = [j for j in jobs if j.startswith("rule train:")]
     evaluate = [j for j in jobs if j.startswith("rule evaluate:")]
     attack = [j for j in jobs if j.startswith("rule attack:")]
