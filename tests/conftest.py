@@ -4,18 +4,24 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
 
-torch.set_num_threads(1)
+def pytest_configure(config):
+    """One torch thread and the hypothesis profile, in each process that runs tests: not in
+    pytest-xdist's controller, which runs none (torch and hypothesis cost it 4 s of CPU)."""
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import torch
+    from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "ccu",
-    deadline=None,
-    max_examples=40,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ccu"))
+    torch.set_num_threads(1)
+    settings.register_profile(
+        "ccu",
+        deadline=None,
+        max_examples=40,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ccu"))
+
 
 # The tests heaviest first (each file by the CPU seconds its tests took when last measured,
 # heaviest file first, and in a file its heaviest test first), so that pytest-xdist's two

@@ -27,13 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def execute(path: str, timeout: int):
-    """One chapter executed in its folder: ``(notebook, seconds, traceback or None)``."""
+    """One chapter executed in its folder: ``(notebook, seconds, traceback or None)``; its
+    kernel talks over IPC (ccu.book.kernels: kernels started at once never race for ports)."""
+    import traceback
+
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
 
+    from ccu.book.kernels import IPCKernelManager
+
     nb = nbformat.read(path, as_version=4)
-    result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
-                                 allow_errors=False)  # fmt: skip
+    try:
+        result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
+                                     allow_errors=False, kernel_manager_class=IPCKernelManager)  # fmt: skip
+    except Exception:  # e.g. a kernel that died at its start: this chapter failed, not the tool
+        return nb, 0.0, traceback.format_exc()
     return result.nb, result.time, (result.exc_string if result.err is not None else None)
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import papermill
 
+from ccu.book.kernels import IPCKernelManager
+
 BOOK = Path(__file__).resolve().parents[2] / "book"
 CHAPTERS = sorted(p.stem for p in BOOK.glob("*.ipynb"))
 
@@ -20,6 +22,7 @@ def run_chapter(tmp_path, chapter, **params):
         cwd=str(BOOK),
         kernel_name="python3",
         progress_bar=False,
+        kernel_manager_class=IPCKernelManager,  # never races other kernels for ports
     )
     return json.loads(out.read_text())
 

@@ -36,6 +36,20 @@ def test_the_readme_shows_json_and_yaml_parameters():
     assert "-p overrides '{" in joined and "-p methods '[" in joined and " -y '" in joined
 
 
+def _lost_a_port_race(done) -> bool:
+    """Whether papermill's kernel died at its start because another process took one of its TCP
+    ports first (jupyter_client picks free ports, lets them go, and the kernel binds them a
+    moment later). The line runs as printed, so with papermill's default TCP transport, not
+    ccu.book.kernels' IPC (what the other chapter tests and the book's build use): such a start
+    is tried once more. A chapter that fails fails both times and is reported."""
+    said = done.stderr
+    return (
+        done.returncode != 0
+        and "Kernel died before replying to kernel_info" in said
+        and "Address already in use" in said
+    )
+
+
 @pytest.mark.notebooks
 @pytest.mark.parametrize("line, before", README_LINES, ids=lambda v: str(v).split()[4:5])
 def test_the_readme_papermill_lines_run_as_printed(line, before, tmp_path):
@@ -49,6 +63,10 @@ def test_the_readme_papermill_lines_run_as_printed(line, before, tmp_path):
     done = subprocess.run(
         ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
     )
+    if _lost_a_port_race(done):  # not the chapter's failure: jupyter_client's (see below)
+        done = subprocess.run(
+            ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     args = shlex.split(line)
     nb = json.loads((tmp_path / args[4]).read_text())
