@@ -23,6 +23,11 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREAD
 # Scripts and tests draw with Agg; the chapters switch their kernel to the inline backend
 # (ccu.book.chapter.setup_chapter), so the book shows every figure.
 export MPLBACKEND=Agg PYTHONHASHSEED=0
+# Bytecode caches written (__pycache__, ignored by git) even where the caller's environment
+# forbids them: the suite starts ~150 Python processes (CLI steps, kernels, workers), and
+# without the caches each compiles ccu's modules again (~0.4 s of CPU each) and each pytest
+# worker rewrites and compiles every test module again.
+unset PYTHONDONTWRITEBYTECODE
 # CCU_PROGRESS stays as the caller set it: the book hides progress bars with `remove-stderr`.
 
 # The nbstripout arguments from pyproject.toml ([tool.nbstripout] args), printed by python -c.

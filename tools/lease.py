@@ -112,6 +112,36 @@ def groups(methods: list[str]) -> list[list[str]]:
     return [[head, *tail] for head, tail in out.items()]
 
 
+def call_lanes(methods: list[str], jobs: int) -> list[list[str]]:
+    """The lanes of one device call (``tools/lease_run.sh``): with CCU, CCU alone in the first
+    lane (every other lane attacks in the balls it certifies) and the others in the remaining
+    ``jobs - 1`` (:func:`lanes`); with one lane, CCU first in it; without CCU, :func:`lanes`."""
+    others = [m for m in methods if m != "CCU"]
+    if "CCU" not in methods:
+        return lanes(others, jobs)
+    rest = lanes(others, max(1, jobs - 1)) if others else []
+    if jobs == 1:
+        return [["CCU", *(m for lane in rest for m in lane)]]
+    return [["CCU"], *rest]
+
+
+def call_command(args) -> int:
+    """``call``: the first line ``<profile label> <DE's members>``, then one line per lane
+    (:func:`call_lanes`); one process where the call once started two (each a torch import)."""
+    from ccu.run.config import get_profile
+
+    try:
+        overrides = json.loads(args.overrides or "{}")
+        prof = get_profile(args.profile, args.dataset, **overrides)
+    except (ValueError, TypeError) as err:  # bad JSON, profile, field or dataset: one line
+        print(f"[lease] error: {err}", file=sys.stderr)
+        return 2
+    print(prof.label, prof.ensemble)
+    for lane in call_lanes(args.methods, args.jobs):
+        print(" ".join(lane))
+    return 0
+
+
 def lanes(methods: list[str], jobs: int) -> list[list[str]]:
     """``methods`` split into at most ``jobs`` lanes that run at once on one GPU: groups
     (:func:`groups`) longest first, each to the lane with the least work so far (the LPT rule,
@@ -594,7 +624,12 @@ def absorb_command(args) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("lanes", help="on the device: the lanes of a call, one line each")
+    p = sub.add_parser(
+        "call", help="on the device: a call's profile label and DE's size, then its lanes"
+    )
+    p.add_argument("profile")
+    p.add_argument("overrides", help="JSON profile fields ('' for none)")
+    p.add_argument("dataset")
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--methods", nargs="+", required=True)
     p = sub.add_parser("prepare", help="here, before a lease: CCU's initial fit to carry")
@@ -619,10 +654,8 @@ def main(argv=None) -> int:
     if getattr(args, "jobs", 1) < 1 or getattr(args, "budget_s", 1) < 0:
         print("[lease] error: --jobs must be >= 1 and --budget-s >= 0", file=sys.stderr)
         return 2
-    if args.command == "lanes":
-        for lane in lanes(args.methods, args.jobs):
-            print(" ".join(lane))
-        return 0
+    if args.command == "call":
+        return call_command(args)
     if args.command == "prepare":
         return prepare_command(args)
     return print_plan(args) if args.command == "plan" else absorb_command(args)

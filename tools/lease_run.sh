@@ -56,11 +56,11 @@ shift
 methods=("$@")
 mkdir -p "$OUT" "$PARTS"
 t0=$SECONDS
-labels=$(python3 -c 'import json, sys
-from ccu.run.config import get_profile
-p = get_profile(sys.argv[1], sys.argv[3], **json.loads(sys.argv[2] or "{}"))
-print(p.label, p.ensemble)' "$PROFILE" "$OVERRIDES" "$ds") || { echo "bad PROFILE/OVERRIDES/DATASET" >&2; exit 2; }
-read -r label ensemble <<<"$labels"
+# the profile's label, DE's members and the lanes (CCU alone in the first when JOBS > 1, its
+# balls are what every other lane attacks in; ODIN and Maha after Base), from one process
+call=$(python3 tools/lease.py call "$PROFILE" "$OVERRIDES" "$ds" --jobs "$JOBS" \
+  --methods "${methods[@]}") || { echo "bad PROFILE/OVERRIDES/DATASET" >&2; exit 2; }
+read -r label ensemble <<<"$call"
 log=$OUT/$label-$ds.log
 tgz=$OUT/$label-$ds.parts.tgz
 say() { echo "lease_run: $*" | tee -a "$log"; }
@@ -106,20 +106,7 @@ common=(--dataset "$ds" --profile "$PROFILE" --seed 0 --device "${DEVICE:-auto}"
 [ -n "$OVERRIDES" ] && common+=(--overrides "$OVERRIDES")
 export OMP_NUM_THREADS=$threads CCU_LANES=$JOBS
 lanes=$(mktemp -d)
-others=()
-for m in "${methods[@]}"; do [ "$m" = CCU ] || others+=("$m"); done
-{
-  if [ "$with_ccu" = 1 ] && [ "$JOBS" -gt 1 ]; then
-    echo CCU
-    if [ ${#others[@]} -gt 0 ]; then
-      python3 tools/lease.py lanes --jobs $((JOBS - 1)) --methods "${others[@]}"
-    fi
-  elif [ "$with_ccu" = 1 ]; then
-    echo "CCU ${others[*]+${others[*]}}"
-  else
-    python3 tools/lease.py lanes --jobs "$JOBS" --methods "${others[@]}"
-  fi
-} >"$lanes/lanes" || exit 2
+tail -n +2 <<<"$call" >"$lanes/lanes"
 
 pack() {  # lane k: its staged parts join the others, all in one archive replaced atomically
   (

@@ -319,6 +319,25 @@ def test_lanes_hold_every_method_once_with_odin_and_maha_after_base():
     # what follows Base is read from the methods (needs_base), not from a list of names
     assert [m for m in grid if lease.needs_base(m)] == ["ODIN", "Maha"]
     assert not lease.needs_base("NotLoadedHere")
+    # a device call's lanes: CCU alone in the first (its balls), or first in the only lane
+    assert lease.call_lanes(["ODIN", "CCU", "Base"], 2) == [["CCU"], ["Base", "ODIN"]]
+    assert lease.call_lanes(["ODIN", "CCU", "Base"], 1) == [["CCU", "Base", "ODIN"]]
+    assert lease.call_lanes(["CCU"], 3) == [["CCU"]]
+    assert lease.call_lanes(["OE", "Base"], 2) == lease.lanes(["OE", "Base"], 2)
+
+
+def test_a_calls_label_and_lanes_come_from_one_process_and_bad_input_is_one_line(capsys):
+    """``lease.py call`` (what tools/lease_run.sh asks first): the profile's label and DE's
+    size, then the lanes; a bad profile, override or dataset is exit 2 with one line."""
+    assert lease.main(["call", "smoke", json.dumps(TINY), "digits", "--jobs", "2",
+                       "--methods", "Base", "CCU"]) == 0  # fmt: skip
+    ensemble = get_profile("smoke", "digits", **TINY).ensemble
+    assert capsys.readouterr().out.splitlines() == [f"{LABEL} {ensemble}", "CCU", "Base"]
+    for bad in (["smoke", "{", "digits"], ["smoke", '{"epochs": 0}', "digits"],
+                ["nosuch", "", "digits"], ["smoke", "", "nosuchdata"], ["smoke", "[1]", "digits"]):  # fmt: skip
+        assert lease.main(["call", *bad, "--jobs", "1", "--methods", "Base"]) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("[lease] error: "), err
 
 
 def test_a_call_without_parts_still_keeps_its_log_without_machine_paths(tmp_path, capsys):
