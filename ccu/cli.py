@@ -125,6 +125,16 @@ def cmd_train(args) -> int:
     from ccu.store.records import LOADED, SECONDS, TEST_ERROR
 
     spec = _spec(args)
+    data = None
+    if args.balls:  # the certifier's balls right after its training, in this process
+        from ccu.methods import get_method
+        from ccu.methods.ccu_method import CCUMethod
+
+        if args.member is not None:
+            raise UsageError("--balls and --member do not mix: the balls need the whole run.")
+        if not issubclass(get_method(args.method), CCUMethod):
+            raise UsageError(f"--balls: {args.method} certifies no balls (CCU, CCU-<family>).")
+        data = steps.load_data(spec)  # one load for the training and the balls
     if args.member is not None:  # one member of an ensemble, in a lane of its own
         from ccu.run.experiment import train_member
 
@@ -138,7 +148,7 @@ def cmd_train(args) -> int:
         )
         return EXIT_OK
     if args.stop_after is None:
-        stamp = steps.train_one(spec, _root(args))
+        stamp = steps.train_one(spec, _root(args), data=data)
     else:
         stamp = steps.train_timeboxed(spec, args.stop_after, _root(args))
     how = "loaded" if stamp[LOADED] else "trained"
@@ -147,6 +157,8 @@ def cmd_train(args) -> int:
         f"in {stamp[SECONDS]:.1f} s on {spec.device}; test error "
         f"{100 * stamp[TEST_ERROR]:.2f} %"
     )
+    if args.balls:
+        _say_balls(args, spec, steps.balls_dataset(spec, _root(args), data=data))
     return EXIT_OK
 
 
@@ -185,10 +197,15 @@ def cmd_evaluate(args) -> int:
 
 def cmd_balls(args) -> int:
     from ccu.run import steps
-    from ccu.store.records import BALLS_FROM, AttackSummary
 
     spec = _spec(args)
-    balls = steps.balls_dataset(spec, _root(args))
+    _say_balls(args, spec, steps.balls_dataset(spec, _root(args)))
+    return EXIT_OK
+
+
+def _say_balls(args, spec, balls) -> None:
+    from ccu.store.records import BALLS_FROM, AttackSummary
+
     head = AttackSummary.from_json(balls.summary)
     print(
         f"{args.dataset} (profile {spec.profile.name}, seed {args.seed}): {head.n_certified} of "
@@ -196,7 +213,6 @@ def cmd_balls(args) -> int:
         f"{head.median_radius:.4g}; attack any trained method in them with `ccu attack "
         f"--dataset {args.dataset} --method M`"
     )
-    return EXIT_OK
 
 
 def cmd_attack(args) -> int:

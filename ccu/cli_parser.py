@@ -135,6 +135,12 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
             )
         if name == "train":
             p.add_argument(
+                "--balls",
+                action="store_true",
+                help="then certify the balls around noise and save them, as `ccu balls` would "
+                "(a certifying method: CCU, CCU-<family>; tools/lease_run.sh: one process less)",
+            )
+            p.add_argument(
                 "--member",
                 type=int,
                 metavar="I",

@@ -12,9 +12,10 @@
 # `python tools/lease.py absorb <files_at> --dataset DATASET` commits the parts (README, "Runs on
 # a lent GPU").
 #
-# CCU goes first in lane 1: right after its training `ccu balls` certifies and saves the balls,
-# and every other lane waits for them before its attack. Without CCU in the call, the balls
-# committed with CCU's part (reference-results/<label>/<dataset>/balls.json|npz) are used.
+# CCU goes first in lane 1: right after its training, in the same process (`ccu train --balls`),
+# it certifies and saves the balls, and every other lane waits for them before its attack.
+# Without CCU in the call, the balls committed with CCU's part
+# (reference-results/<label>/<dataset>/balls.json|npz) are used.
 # ODIN and Maha follow Base in its lane (they are built on it). DE's members train at once, each
 # in a process of its own (`ccu train --method DE --member I`; MEMBER_LANES=0: one after another
 # in DE's lane); DE's own training then resumes each from its final checkpoint (and trains any
@@ -178,11 +179,13 @@ while read -r lane; do
         done
         wait "${members[@]}"  # a failed member is trained again by DE's own training below
       fi
-      one train --method "$m" || { echo "$? $m train" >"$lanes/rc-$k"; exit; }
-      echo "$((SECONDS - began))" >"$lanes/train-seconds-$m"  # the members' time included
-      if [ "$m" = CCU ]; then
-        one balls || { echo "$? $m balls" >"$lanes/rc-$k"; exit; }
-      fi
+      # CCU certifies and saves the balls right after its training, in the same process
+      balls=()
+      [ "$m" = CCU ] && balls=(--balls)
+      one train --method "$m" ${balls[@]+"${balls[@]}"} ||
+        { echo "$? $m train${balls[*]+ (or its balls)}" >"$lanes/rc-$k"; exit; }
+      # the members' time included; CCU's: its balls too (one process)
+      echo "$((SECONDS - began))" >"$lanes/train-seconds-$m"
       if [ -f "$adv/balls.json" ] && [ ${#pending[@]} = 0 ]; then
         finish "$m" || exit
       else

@@ -271,6 +271,34 @@ def test_attacking_without_balls_or_in_stale_balls_is_one_line(tmp_path, capsys)
     assert cli.main(["attack", "--method", "Base", *common]) == cli.EXIT_CORRUPT
 
 
+def test_train_with_balls_gives_the_files_of_train_then_balls(tmp_path, capsys):
+    """``ccu train --method CCU --balls`` (CCU's lane on a lease: one process, one data load)
+    writes the files of ``ccu train`` then ``ccu balls``; only a whole certifier has balls."""
+    common = ["--dataset", "digits", "--device", "cpu", "--no-progress",
+              "--overrides", json.dumps(TINY)]  # fmt: skip
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert cli.main(["train", "--method", "CCU", "--balls", *common, "--results", str(one)]) == 0
+    assert "noise points certified by CCU" in capsys.readouterr().out
+    assert cli.main(["train", "--method", "CCU", *common, "--results", str(two)]) == 0
+    assert cli.main(["balls", *common, "--results", str(two)]) == 0
+    seed = Path(TINY_TRAINING_LABEL) / "digits" / "seed0"
+    for folder in (seed / "CCU", Path(LABEL) / "digits" / "seed0" / "adversarial"):
+        names = sorted(p.name for p in (one / folder).iterdir())
+        assert names == sorted(p.name for p in (two / folder).iterdir()), folder
+        for name in names:
+            a, b = (one / folder / name), (two / folder / name)
+            if name.endswith(".json"):  # trained.json's seconds, and the sha256 of a config
+                mine, theirs = (_strip(json.loads(f.read_text())) for f in (a, b))  # with clocks
+                for record in (mine, theirs):
+                    record.pop("config_sha256", None), record.pop("seconds", None)
+                assert mine == theirs, name
+            else:
+                assert a.read_bytes() == b.read_bytes(), name
+    assert "balls.npz" in names
+    for bad in (["--method", "Base", "--balls"], ["--method", "CCU", "--balls", "--member", "0"]):
+        assert cli.main(["train", *bad, *common, "--results", str(one)]) == cli.EXIT_USAGE
+
+
 def test_de_members_trained_in_lanes_at_once_give_the_sequential_run(tmp_path, capsys):
     """DE's members in processes of their own (``ccu train --member I``) while the run itself
     trains: each member is trained once (a lock per member), the run resumes the others from
