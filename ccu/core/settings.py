@@ -35,6 +35,9 @@ class Profile:
     # cap on the in-distribution test points scored (a seeded draw); the OOD test sets are as
     # large as the test set (None: all, the paper)
     n_test: int | None = None
+    # cap on the augmented training images the metric's covariance (eq. (12)) is computed from
+    # (None: the dataset's own number, TrainSettings.n_covariance: the paper's 50,000 or 60,000)
+    n_covariance: int | None = None
 
     def __post_init__(self):
         if isinstance(self.vgg_methods, list):
@@ -94,6 +97,7 @@ _MINIMUM = {
     "acet_steps": 1,
     "ensemble": 1,
     "n_test": 1,
+    "n_covariance": 2,
 }
 _EXAMPLES = {
     "name": '"smoke"',
@@ -104,9 +108,10 @@ _EXAMPLES = {
     **{
         k: f'{{"{k}": {max(v, 2) * 5}}}'
         for k, v in _MINIMUM.items()
-        if k not in ("epochs", "n_train", "n_test")
+        if k not in ("epochs", "n_train", "n_test", "n_covariance")
     },
     "n_test": '{"n_test": 1000} or {"n_test": null} (all points)',
+    "n_covariance": '{"n_covariance": 4096} or {"n_covariance": null} (the dataset\'s)',
 }
 
 
@@ -119,11 +124,12 @@ def _field_problem(name: str, value) -> str | None:
     if name == "vgg_methods":
         ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
         return None if ok else "a list of method names"
-    if name in ("n_train", "n_test") and value is None:
+    if name in ("n_train", "n_test", "n_covariance") and value is None:
         return None
     whole = isinstance(value, int) and not isinstance(value, bool)
     if not whole or value < _MINIMUM[name]:
-        extra = " or null (all points)" if name in ("n_train", "n_test") else ""
+        extra = {"n_train": " or null (all points)", "n_test": " or null (all points)",
+                 "n_covariance": " or null (the dataset's)"}.get(name, "")  # fmt: skip
         return f"a whole number >= {_MINIMUM[name]}{extra}"
     return None
 
@@ -137,7 +143,7 @@ PROFILES: dict[str, Profile] = {
 
 #: fields added to :class:`Profile` after runs were first saved, with the value that means "not
 #: used": :meth:`Profile.as_dict` leaves them out at that value (old configs stay valid)
-OPTIONAL_FIELDS = {"n_test": None}
+OPTIONAL_FIELDS = {"n_test": None, "n_covariance": None}
 
 #: the ``smoke`` profile per network (:attr:`TrainSettings.classifier` of the dataset): profile
 #: fields that replace the defaults on datasets whose network is slow on a CPU, so that every
@@ -207,6 +213,7 @@ _SHORT = {
     "attack_steps": "steps",
     "attack_restarts": "restarts",
     "n_test": "test",
+    "n_covariance": "cov",
 }
 
 

@@ -120,11 +120,20 @@ def augmented_sample(
     return augment(x[idx], scheme, seed + 1)
 
 
-def covariance_sample(data, settings, seed: int = 0) -> torch.Tensor:
+def covariance_size(settings, n_train: int, cap: int | None = None) -> int:
+    """How many augmented training images the metric's covariance is computed from:
+    ``settings.n_covariance`` (the training set's size when None), at most ``cap`` (the
+    profile's ``n_covariance``; None: no cap)."""
+    n = settings.n_covariance or n_train
+    return n if cap is None else min(n, cap)
+
+
+def covariance_sample(data, settings, seed: int = 0, cap: int | None = None) -> torch.Tensor:
     """The data for the metric's covariance (eq. (12)): ``settings.n_covariance`` augmented
-    training images (the paper: 60,000 for MNIST/FMNIST, 50,000 for SVHN/CIFAR), or the plain
-    training set when the settings do not augment."""
+    training images (the paper: 60,000 for MNIST/FMNIST, 50,000 for SVHN/CIFAR), at most
+    ``cap`` (:func:`covariance_size`), or the plain training set when the settings do not
+    augment."""
     if not settings.augment:
         return data.train_x
-    n = settings.n_covariance or len(data.train_x)
+    n = covariance_size(settings, len(data.train_x), cap)
     return augmented_sample(data.train_x, n, data.spec.augmentation, seed)

@@ -112,7 +112,7 @@ class CCUMethod(BaseMethod):
             lam=self.settings.lam,
             floor=self.settings.eigen_floor,
             seed=self.seed,
-            x_metric=covariance_sample(data, self.settings, self.seed),
+            x_metric=covariance_sample(data, self.settings, self.seed, self.profile.n_covariance),
             density=self.density,
         ).to(self.device)
 

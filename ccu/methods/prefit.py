@@ -52,6 +52,7 @@ def _code_sha(family) -> str:
 def init_inputs(method, data) -> dict:
     """Everything the initial fit of ``method`` (a CCU method) on ``data`` depends on."""
     from ccu.core.density import get_density_family
+    from ccu.data.augment import covariance_size
 
     family = get_density_family(method.density)
     settings = method.settings
@@ -60,7 +61,10 @@ def init_inputs(method, data) -> dict:
         "train_sha256": _tensor_sha(data.train_x),
         "out_sha256": _tensor_sha(data.out_x),
         "augment": bool(settings.augment),
-        "n_covariance": settings.n_covariance,
+        # the number used: the dataset's (as before the profile's cap), else the capped one
+        "n_covariance": settings.n_covariance
+        if method.profile.n_covariance is None
+        else covariance_size(settings, len(data.train_x), method.profile.n_covariance),
         "augmentation": repr(data.spec.augmentation),
         "eigen_floor": settings.eigen_floor,
         "lam": settings.lam,

@@ -12,9 +12,10 @@ from chapter_papermill import glued, run_chapter  # noqa: E402
 
 #: the scaled smoke (ccu.core.settings.SMOKE_SCALE: 2 epochs on 200 points, 500 test points, 10
 #: centres) made smaller still: the chapter's path on a ResNet18 dataset in about a minute of a CPU
-#: core, not seven (the scaled profile's own fields: tests/run/test_smoke_scale.py)
+#: core, not seven (the scaled profile's own fields: tests/run/test_smoke_scale.py); the metric
+#: from 4,096 augmented images (> D = 3,072), not the dataset's 20,000 (10 s of a float64 product)
 RESNET_SMALL = {"epochs": 1, "n_train": 64, "n_test": 64, "n_centres": 3, "attack_steps": 2,
-                "attack_restarts": 1, "n_components": 2}  # fmt: skip
+                "attack_restarts": 1, "n_components": 2, "n_covariance": 4096}  # fmt: skip
 
 
 @pytest.mark.notebooks
@@ -47,6 +48,7 @@ def test_the_attack_chapter_on_a_resnet18_dataset_with_the_scaled_smoke(tmp_path
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["profile"]["n_test"] == prof.n_test and cfg["profile"]["epochs"] == prof.epochs
     assert cfg["dataset"] == dataset and cfg["network"] == "resnet18"
+    assert cfg["profile"]["n_covariance"] == RESNET_SMALL["n_covariance"]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["n_test"] == prof.n_test
     values = glued(nb)

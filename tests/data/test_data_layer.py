@@ -259,6 +259,11 @@ def test_paired_loader_and_covariance_sample():
     settings = ccu.TrainSettings(augment=True, n_covariance=500)
     assert covariance_sample(data, settings).shape == (500, 1, 8, 8)
     assert covariance_sample(data, ccu.TrainSettings(augment=False)) is data.train_x
+    # the profile's cap (n_covariance): the first images of the uncapped sample's draw, not more
+    capped = covariance_sample(data, settings, cap=200)
+    assert capped.shape == (200, 1, 8, 8)
+    assert covariance_sample(data, settings, cap=10_000).shape == (500, 1, 8, 8)
+    assert covariance_sample(data, ccu.TrainSettings(augment=True), cap=64).shape[0] == 64
 
 
 def test_image_folder_ood_sets(tmp_path):

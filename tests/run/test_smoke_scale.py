@@ -42,6 +42,19 @@ def test_n_test_is_left_out_of_configs_when_unused():
     assert get_profile("smoke", n_test=100).as_dict()["n_test"] == 100
 
 
+def test_the_covariance_cap_is_a_training_field_left_out_when_unused():
+    """``n_covariance`` caps the metric's augmented sample (the scaled smoke keeps the
+    dataset's): a capped run trains in a folder of its own; others keep their configs."""
+    assert "n_covariance" not in get_profile("smoke", "cifar10-offline").as_dict()
+    capped = get_profile("smoke", "cifar10-offline", n_covariance=4096)
+    assert capped.as_dict()["n_covariance"] == 4096
+    assert capped.training_label.endswith("-cov4096")
+    assert capped.training_label != get_profile("smoke", "cifar10-offline").training_label
+    for bad in (0, 1, "4096", 2.5, True):
+        with pytest.raises(ValueError, match="n_covariance must be a whole number >= 2 or null"):
+            get_profile("smoke", n_covariance=bad)
+
+
 @pytest.mark.parametrize("bad", [0, -1, "500", 2.5, True])
 def test_n_test_is_checked(bad):
     with pytest.raises(ValueError, match="n_test must be a whole number >= 1 or null"):
