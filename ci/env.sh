@@ -30,15 +30,6 @@ export MPLBACKEND=Agg PYTHONHASHSEED=0
 unset PYTHONDONTWRITEBYTECODE
 # CCU_PROGRESS stays as the caller set it: the book hides progress bars with `remove-stderr`.
 
-# The nbstripout arguments from pyproject.toml ([tool.nbstripout] args), printed by python -c.
-NBSTRIPOUT_ARGS='
-try:
-    import tomllib
-except ImportError:  # Python 3.10: pytest brings tomli
-    import tomli as tomllib
-with open("pyproject.toml", "rb") as f:
-    print(" ".join(tomllib.load(f)["tool"]["nbstripout"]["args"]))'
-
 # Headless Chromium for tools/check_book.py: installed with apt when missing and we are root.
 ensure_chromium() {
   if command -v chromium >/dev/null || command -v chromium-browser >/dev/null \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: lint and format checks (code and notebooks), stripped notebooks, then
-# side by side: unit and property tests and papermill runs (pytest), and the book built on the
-# smoke profile (every chapter executed from a clean state: a failing cell fails the build)
-# with every page checked in headless Chromium (screenshots in _build/screenshots).
+# The whole test suite: lint and format checks (code and notebooks), then side by side: unit
+# and property tests and papermill runs (pytest), and the book built on the smoke profile
+# (every chapter executed from a clean state: a failing cell fails the build) with every page
+# checked in headless Chromium (screenshots in _build/screenshots).
 # Usage: bash ci/test.sh [pytest args]
 source "$(dirname "$0")/env.sh"
 ensure_chromium
@@ -11,8 +11,8 @@ lap() { echo "[ccu] $1: $((SECONDS - mark)) s"; mark=$SECONDS; }
 mark=$SECONDS
 ruff check .
 ruff format --check .
-# shellcheck disable=SC2046
-nbstripout --verify $(python -c "$NBSTRIPOUT_ARGS") book/*.ipynb
+# (the notebooks stripped as pyproject.toml configures: checked by pytest,
+# tests/book/test_chapters.py::test_notebooks_are_stripped_as_configured, not twice)
 lap "lint"
 # The book (its chapters executed, the build, the page check) runs beside pytest, not after
 # it: both are a few processes of one torch thread each, and side by side they keep the two

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.transforms.v2 import functional as TF
 
 import ccu
 from ccu.data import load_dataset
@@ -28,6 +27,9 @@ from ccu.data.batches import PairedLoader
 
 @pytest.mark.parametrize("scheme", [MNIST_LIKE, SVHN_LIKE, CIFAR_LIKE, DIGITS_8X8])
 def test_crop_flip_equals_torchvision_per_image(scheme):
+    # imported here: 2 s of each pytest worker's collection otherwise
+    from torchvision.transforms.v2 import functional as TF
+
     gen = torch.Generator().manual_seed(1)
     x = torch.rand(40, 3, 12, 12, generator=gen)
     offsets, _ = crop_flip_params(40, scheme, gen)
