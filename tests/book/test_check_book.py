@@ -111,72 +111,91 @@ def _png() -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def probe(page, shot=None):
-    """The probe's findings for ``page`` in headless Chromium (and its screenshot to ``shot``)."""
-    return check_book.Browser(chromium).check(page, shot)
-
-
-def _page(tmp_path, body, head=""):
-    page = tmp_path / "page.html"
+def _page(folder, name, body, head=""):
+    page = folder / f"{name}.html"
     page.write_text(f"<html><head>{head}</head><body><main>{body}</main></body></html>")
     return page
 
 
-@needs_chromium
-def test_chromium_sees_a_real_figure(tmp_path):
-    body = f'<figure id="fig-a"><img src="data:image/png;base64,{_png()}"><figcaption>A</figcaption></figure>'
-    shot = tmp_path / "shot.png"
-    found = probe(_page(tmp_path, body), shot)
-    assert check_book.check_page(found, 1) == []
-    assert shot.read_bytes()[:4] == b"\x89PNG"
-
-
-@needs_chromium
-def test_chromium_flags_a_figure_drawn_with_agg(tmp_path):
-    # with the Agg backend a glued figure has only its text form: no image in the figure
-    body = '<figure id="fig-a"><pre>&lt;Figure size 640x480 with 1 Axes&gt;</pre></figure>'
-    found = probe(_page(tmp_path, body))
-    assert any("0 show a non-empty image" in e for e in check_book.check_page(found, 1))
-    broken = '<figure id="fig-b"><img src="missing.png"></figure>'
-    found = probe(_page(tmp_path, broken))
-    assert any("0 show a non-empty image" in e for e in check_book.check_page(found, 1))
-
-
-@needs_chromium
-def test_chromium_flags_mathjax_from_a_cdn(tmp_path):
-    # what Sphinx writes by default: MathJax 3 from jsDelivr; the check cuts the network
-    head = (
-        '<script defer src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"></script>'
+def _pages() -> dict[str, tuple[str, str]]:
+    """The synthetic pages of the tests below: ``{name: (body, head)}``."""
+    png = _png()
+    cells = "".join(f"<th>method {i}</th>" for i in range(22))
+    wide = (
+        '<article style="width:600px"><div style="overflow-x:auto">'
+        f"<table><tr>{cells}</tr></table></div></article>"
     )
-    body = r'<p>uniform <span class="math notranslate nohighlight">\(1/M\)</span></p>'
-    found = probe(_page(tmp_path, body, head))
-    errors = check_book.check_page(found, 0)
+    return {
+        "figure": (
+            f'<figure id="fig-a"><img src="data:image/png;base64,{png}"><figcaption>A'
+            "</figcaption></figure>",
+            "",
+        ),  # fmt: skip
+        # with the Agg backend a glued figure has only its text form: no image in the figure
+        "agg": (
+            '<figure id="fig-a"><pre>&lt;Figure size 640x480 with 1 Axes&gt;</pre></figure>',
+            "",
+        ),
+        "broken": ('<figure id="fig-b"><img src="missing.png"></figure>', ""),
+        # what Sphinx writes by default: MathJax 3 from jsDelivr; the check cuts the network
+        "cdn": (
+            r'<p>uniform <span class="math notranslate nohighlight">\(1/M\)</span></p>',
+            '<script defer src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js">'
+            "</script>",
+        ),
+        "progress": (
+            '<div class="cell_output"><pre>train digits: 100%|##########| 30/30 '
+            "[00:03<00:00, 9.8it/s]</pre></div>",
+            "",
+        ),  # fmt: skip
+        "wide": (wide, ""),
+        "roomy": (wide.replace("width:600px", "width:4000px"), ""),
+    }
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """The probe's findings for every synthetic page, from one headless Chromium (a browser
+    launched per page cost a second or two of CPU each); the first page photographed."""
+    folder = tmp_path_factory.mktemp("pages")
+    jobs = [(_page(folder, name, body, head), folder / f"{name}.png" if name == "figure" else None)
+            for name, (body, head) in _pages().items()]  # fmt: skip
+    found = check_book.Browser(chromium).check_all(jobs)
+    return {page.stem: f for (page, _), f in zip(jobs, found, strict=True)} | {"folder": folder}
+
+
+@needs_chromium
+def test_chromium_sees_a_real_figure(probed):
+    assert check_book.check_page(probed["figure"], 1) == []
+    assert (probed["folder"] / "figure.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@needs_chromium
+def test_chromium_flags_a_figure_drawn_with_agg(probed):
+    for name in ("agg", "broken"):
+        errors = check_book.check_page(probed[name], 1)
+        assert any("0 show a non-empty image" in e for e in errors), (name, errors)
+
+
+@needs_chromium
+def test_chromium_flags_mathjax_from_a_cdn(probed):
+    errors = check_book.check_page(probed["cdn"], 0)
     assert any("MathJax did not load" in e for e in errors), errors
     assert any("raw LaTeX" in e for e in errors), errors
     assert any("outside the book" in e for e in errors), errors
 
 
 @needs_chromium
-def test_chromium_flags_progress_bars_in_outputs(tmp_path):
-    body = '<div class="cell_output"><pre>train digits: 100%|##########| 30/30 [00:03<00:00, 9.8it/s]</pre></div>'
-    found = probe(_page(tmp_path, body))
-    assert any("progress-bar" in e for e in check_book.check_page(found, 0))
+def test_chromium_flags_progress_bars_in_outputs(probed):
+    assert any("progress-bar" in e for e in check_book.check_page(probed["progress"], 0))
 
 
 @needs_chromium
-def test_chromium_flags_a_table_wider_than_the_column(tmp_path):
+def test_chromium_flags_a_table_wider_than_the_column(probed):
     """A 22-column table in a scrolling box narrower than itself (the book theme's wrapper) is
     cut off at the right edge: the check names it; the same table in a wide box passes."""
-    cells = "".join(f"<th>method {i}</th>" for i in range(22))
-    wide = (
-        '<article style="width:600px"><div style="overflow-x:auto">'
-        f"<table><tr>{cells}</tr></table></div></article>"
-    )
-    found = probe(_page(tmp_path, wide))
-    assert any("its right part cut off" in e for e in check_book.check_page(found, 0))
-    roomy = wide.replace("width:600px", "width:4000px")
-    found = probe(_page(tmp_path, roomy))
-    assert check_book.check_page(found, 0) == []
+    assert any("its right part cut off" in e for e in check_book.check_page(probed["wide"], 0))
+    assert check_book.check_page(probed["roomy"], 0) == []
 
 
 @needs_chromium
@@ -185,6 +204,6 @@ def test_a_page_whose_mathjax_never_finishes_is_reported_after_the_wait(tmp_path
     what the page shows, timed out (the wait only bounds a page that never finishes)."""
     head = "<script>window.MathJax = {Hub: {Queue: function () {}}};</script>"
     body = r'<p><span class="math notranslate nohighlight">\(x\)</span></p>'
-    found = check_book.Browser(chromium, wait_s=1).check(_page(tmp_path, body, head))
+    found = check_book.Browser(chromium, wait_s=1).check(_page(tmp_path, "page", body, head))
     assert found["timed_out"]
     assert any("did not finish typesetting" in e for e in check_book.check_page(found, 0))
