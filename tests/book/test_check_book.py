@@ -153,47 +153,31 @@ def _pages() -> dict[str, tuple[str, str]]:
     }
 
 
-@pytest.fixture(scope="module")
-def probed(tmp_path_factory):
-    """The probe's findings for every synthetic page, from one headless Chromium (a browser
-    launched per page cost a second or two of CPU each); the first page photographed."""
-    folder = tmp_path_factory.mktemp("pages")
-    jobs = [(_page(folder, name, body, head), folder / f"{name}.png" if name == "figure" else None)
+@needs_chromium
+def test_chromium_sees_a_real_figure_and_flags_each_regression(tmp_path):
+    """Every synthetic page in one headless Chromium (a browser per page cost a second or two
+    of CPU each, and a module fixture is built once per pytest-xdist worker): a real figure
+    passes and is photographed; each regression is named."""
+    jobs = [(_page(tmp_path, name, body, head), tmp_path / "figure.png" if name == "figure" else None)
             for name, (body, head) in _pages().items()]  # fmt: skip
     found = check_book.Browser(chromium).check_all(jobs)
-    return {page.stem: f for (page, _), f in zip(jobs, found, strict=True)} | {"folder": folder}
-
-
-@needs_chromium
-def test_chromium_sees_a_real_figure(probed):
+    probed = {page.stem: f for (page, _), f in zip(jobs, found, strict=True)}
+    # a real figure
     assert check_book.check_page(probed["figure"], 1) == []
-    assert (probed["folder"] / "figure.png").read_bytes()[:4] == b"\x89PNG"
-
-
-@needs_chromium
-def test_chromium_flags_a_figure_drawn_with_agg(probed):
+    assert (tmp_path / "figure.png").read_bytes()[:4] == b"\x89PNG"
+    # a figure drawn with Agg (its text form only), or a broken image
     for name in ("agg", "broken"):
         errors = check_book.check_page(probed[name], 1)
         assert any("0 show a non-empty image" in e for e in errors), (name, errors)
-
-
-@needs_chromium
-def test_chromium_flags_mathjax_from_a_cdn(probed):
+    # MathJax from a CDN: not loaded (the network is cut), raw LaTeX, a file from outside
     errors = check_book.check_page(probed["cdn"], 0)
     assert any("MathJax did not load" in e for e in errors), errors
     assert any("raw LaTeX" in e for e in errors), errors
     assert any("outside the book" in e for e in errors), errors
-
-
-@needs_chromium
-def test_chromium_flags_progress_bars_in_outputs(probed):
+    # progress bars in outputs
     assert any("progress-bar" in e for e in check_book.check_page(probed["progress"], 0))
-
-
-@needs_chromium
-def test_chromium_flags_a_table_wider_than_the_column(probed):
-    """A 22-column table in a scrolling box narrower than itself (the book theme's wrapper) is
-    cut off at the right edge: the check names it; the same table in a wide box passes."""
+    # a 22-column table in a scrolling box narrower than itself (the book theme's wrapper) is
+    # cut off at the right edge: named; the same table in a wide box passes
     assert any("its right part cut off" in e for e in check_book.check_page(probed["wide"], 0))
     assert check_book.check_page(probed["roomy"], 0) == []
 
