@@ -60,6 +60,7 @@ def pytest_collection_modifyitems(items):
 # sums them by file and draws each worker's time line)
 if os.environ.get("CCU_TEST_CPU"):
     import resource  # noqa: E402
+    import sys  # noqa: E402
     import time  # noqa: E402
 
     import pytest  # noqa: E402
@@ -67,7 +68,10 @@ if os.environ.get("CCU_TEST_CPU"):
     def _cpu_seconds() -> float:
         own = resource.getrusage(resource.RUSAGE_SELF)
         waited = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+        # and the processes forked for the tests (tests/forked.py: not this worker's children)
+        forked = sys.modules.get("forked")
+        return (own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+                + (forked.CPU_SECONDS if forked else 0.0))  # fmt: skip
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):

@@ -4,10 +4,9 @@ exit code 4, the other methods' results kept)."""
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
+import forked
 import numpy as np
 import pytest
 import torch
@@ -135,10 +134,11 @@ def test_a_plugins_code_is_part_of_its_runs_identity(tmp_path):
     plugin = tmp_path / "energy.py"
     env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
 
-    def train(results, *extra):
-        cmd = [sys.executable, "-m", "ccu", "train", "--dataset", "digits", "--device", "cpu",
-               "--overrides", json.dumps(TINY), "--results", str(tmp_path / results), *extra]  # fmt: skip
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    def train(results, *extra):  # a process of its own each (tests/forked.py): the plug-in
+        # is loaded in it alone, as `python -m ccu train --plugin` would
+        argv = ["train", "--dataset", "digits", "--device", "cpu", "--overrides",
+                json.dumps(TINY), "--results", str(tmp_path / results), *extra]  # fmt: skip
+        return forked.run(forked.cli, *argv, env=env)
 
     plugin.write_text(ENERGY.format(T=1.0))
     first = train("a", "--method", "EnergyTest", "--plugin", str(plugin))

@@ -12,6 +12,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import forked
 import pytest
 from helpers import built_once
 
@@ -308,13 +309,12 @@ def test_de_members_trained_in_lanes_at_once_give_the_sequential_run(tmp_path, c
     assert cli.main(["train", *common, "--results", str(tmp_path / "one")]) == cli.EXIT_OK
     lanes = tmp_path / "lanes"
     env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
-    cmd = [sys.executable, "-m", "ccu", "train", *common, "--results", str(lanes)]
-    procs = [subprocess.Popen([*cmd, "--member", str(i)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in (2, 1)]  # fmt: skip
-    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True))  # fmt: skip
-    outs = [p.communicate(timeout=900) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    argv = ["train", *common, "--results", str(lanes)]
+    # three processes at once (forked from a server that imported ccu: tests/forked.py)
+    procs = [forked.Forked(forked.cli, *argv, "--member", str(i), env=env) for i in (2, 1)]
+    procs.append(forked.Forked(forked.cli, *argv, env=env))
+    outs = [p.wait(timeout=900) for p in procs]
+    assert [done.returncode for done in outs] == [0, 0, 0], outs
     run = Path(TINY_TRAINING_LABEL) / "digits" / "seed0" / "DE"
     for name in ("model.pt", "scores.npz", "metrics.json"):
         assert (lanes / run / name).read_bytes() == (tmp_path / "one" / run / name).read_bytes()

@@ -3,10 +3,9 @@
 import json
 import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 import torch
@@ -17,47 +16,46 @@ from ccu.run import experiment
 from ccu.run.config import get_profile
 from ccu.store import results
 
-# A child process: the smoke pipeline on digits (Base, CCU, the attack). KILL names a stage at
-# which the process dies abruptly (os._exit: no cleanup, as with SIGKILL).
-CHILD = textwrap.dedent(
-    """
-    import json, os, sys
-    import torch
-    torch.set_num_threads(1)
-    from ccu.run import adversarial_noise
-    from ccu.run import experiment
-    from ccu.data import load_dataset
-    from ccu.run.config import get_profile
 
-    root, kill = sys.argv[1], sys.argv[2]
-    prof = get_profile("smoke", **json.loads(sys.argv[3]))
+def smoke_pipeline(root: str, kill: str, small: str) -> int:
+    """A child process (tests/forked.py): the smoke pipeline on digits (Base, CCU, the
+    attack); ``kill`` names a stage at which the process dies abruptly (os._exit: no cleanup,
+    as with SIGKILL). Prints which methods it loaded, as JSON."""
+    from ccu.run import adversarial_noise
+
+    prof = get_profile("smoke", **json.loads(small))
+
     def die(*a, **k):
         os._exit(9)
+
     on_epoch_end = None
     if kill == "training":  # after the first epoch's checkpoint of the first method
+
         def on_epoch_end(done, epochs):
             if done == 1:
                 die()
+
     elif kill == "scoring":  # the first method has trained; scoring dies half-way
-        score_sets = experiment.score_sets
         experiment.score_sets = die
     elif kill == "attack":  # the first method's attack is saved, the second one dies
         attack = adversarial_noise.attack_method
         calls = []
+
         def attack_then_die(*a, **k):
             calls.append(1)
             if len(calls) == 2:
                 die()
             return attack(*a, **k)
+
         adversarial_noise.attack_method = attack_then_die
     data = load_dataset("digits").subset(300)
     runs = {m: experiment.run_method("digits", m, prof, data=data, root=root,
                                      on_epoch_end=on_epoch_end)
-            for m in ("CCU", "Base")}
-    adv = adversarial_noise.adversarial_noise(runs, data, prof, root=root)
+            for m in ("CCU", "Base")}  # fmt: skip
+    adversarial_noise.adversarial_noise(runs, data, prof, root=root)
     print(json.dumps({m: r.loaded for m, r in runs.items()}))
-    """
-)
+    return 0
+
 
 #: the smoke profile made smaller (30 epochs, 40 centres x 3 restarts x 30 steps): a kill and a
 #: resume at each stage need a few epochs and balls, not the chapter's run
@@ -68,13 +66,7 @@ TIMING = {"train_seconds", "wall_seconds", "attack_seconds"}
 
 def _child(root: Path, kill: str = "none") -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), kill, json.dumps(SMALL)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    return forked.run(smoke_pipeline, str(root), kill, json.dumps(SMALL), env=env)
 
 
 def _strip(obj):
@@ -148,20 +140,12 @@ def test_a_run_killed_at_each_stage_resumes_to_the_same_files(uninterrupted, tmp
 
 def test_two_processes_on_one_configuration(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", CCU_PROGRESS="0")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(tmp_path), "none", json.dumps(SMALL)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
-    loaded = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    args = (smoke_pipeline, str(tmp_path), "none", json.dumps(SMALL))
+    procs = [forked.Forked(*args, env=env) for _ in range(2)]  # two processes at once
+    outs = [p.wait() for p in procs]
+    for done in outs:
+        assert done.returncode == 0, done.stderr[-3000:]
+    loaded = [json.loads(done.stdout.strip().splitlines()[-1]) for done in outs]
     # exactly one process trained each method; the other waited and loaded its files
     for m in ("CCU", "Base"):
         assert sorted(d[m] for d in loaded) == [False, True]
