@@ -2,8 +2,8 @@
 (multiprocessing's forkserver with a preload), for the tests whose subject is processes: runs
 launched at once, a run killed and resumed, ensemble members in lanes of their own, a plug-in
 edited between two runs. Each is a real process (its own pid, file locks, environment, exit
-code; a kill ends it alone) running ``ccu.cli.main(argv)`` or a function of this module; it
-costs a fork, not an interpreter's start and its imports (~4.5 s of CPU each on 2 cores).
+code; a kill ends it alone) running ``ccu.cli.main(argv)`` (:func:`cli`) or a test module's
+function; it costs a fork, not an interpreter's start and its imports (~4.5 s of CPU each).
 
 The server is a fresh process with no thread but its own, so forking it is safe where forking
 a pytest-xdist worker (threads of its own) is not. ``python -m ccu`` itself, the interpreter's

@@ -48,7 +48,8 @@ ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE",
 #: ResNet18 epoch, 2.9 s, for VGG13's, plus the margin GAN's overrun shows); ACET and ACET2 40
 #: inner PGD steps of ~2.0 / 2.3 ms each per batch (the `cpu`-profile H200 run): 469 batches x
 #: 100 epochs. The attacks: the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x
-#: 500), plus ~15 s for each process (CCU: ``ccu balls``, ``ccu attack --part-out``).
+#: 500), plus ~15 s for each process (``ccu attack --part-out``; CCU's balls are certified in
+#: its training's process, ``ccu train --balls``).
 COST_S = {
     "Base": (160, 30),
     "ODIN": (12, 60),  # on Base, which its lane trains first (cost of Base added)

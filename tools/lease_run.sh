@@ -179,11 +179,12 @@ while read -r lane; do
         done
         wait "${members[@]}"  # a failed member is trained again by DE's own training below
       fi
-      # CCU certifies and saves the balls right after its training, in the same process
-      balls=()
-      [ "$m" = CCU ] && balls=(--balls)
-      one train --method "$m" ${balls[@]+"${balls[@]}"} ||
-        { echo "$? $m train${balls[*]+ (or its balls)}" >"$lanes/rc-$k"; exit; }
+      if [ "$m" = CCU ]; then  # its balls certified and saved right after, in the same process
+        one train --method CCU --balls ||
+          { echo "$? CCU train (or its balls)" >"$lanes/rc-$k"; exit; }
+      else
+        one train --method "$m" || { echo "$? $m train" >"$lanes/rc-$k"; exit; }
+      fi
       # the members' time included; CCU's: its balls too (one process)
       echo "$((SECONDS - began))" >"$lanes/train-seconds-$m"
       if [ -f "$adv/balls.json" ] && [ ${#pending[@]} = 0 ]; then
