@@ -392,10 +392,43 @@ def prepare(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | 
     return path
 
 
+def check_init(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | None = None,
+               log=print) -> bool:  # fmt: skip
+    """Whether a carried fit in ``folder`` (default ``.devinit/<dataset>/``) is the one this
+    machine's build would load: its inputs (:func:`ccu.methods.prefit.init_inputs`: the data
+    as decoded here, the settings, the code) computed here, without fitting. On the device,
+    before the call that trains CCU: a decoder that differs by one grey level, another key,
+    and CCU would fit again inside the call (~125 s more, more than the call holds). When no
+    fit matches, says which inputs differ from each fit carried."""
+    from ccu.methods import get_method, prefit
+    from ccu.run.config import get_profile, train_settings
+    from ccu.run.experiment import run_data
+
+    folder = Path(folder) if folder is not None else init_dir(dataset)
+    prof = get_profile(profile, dataset)
+    data = run_data(dataset, prof, seed)
+    method = get_method("CCU")(data.spec, train_settings(dataset), prof, seed=seed, device="cpu")
+    inputs = prefit.init_inputs(method, data)
+    key = prefit.init_key(inputs)
+    if prefit.find_init(inputs, folder) is not None:
+        log(f"{dataset} ({prof.label}): the carried fit ccu-init-{key}.pt matches this machine")
+        return True
+    log(f"{dataset} ({prof.label}): no carried fit matches this machine (key {key})")
+    import torch
+
+    for path in sorted(Path(folder).glob("ccu-init-*.pt")):
+        saved = torch.load(path, map_location="cpu", weights_only=True).get("inputs", {})
+        differ = sorted(k for k in set(saved) | set(inputs) if saved.get(k) != inputs.get(k))
+        log(f"  {path.name}: differs in {', '.join(differ) or 'nothing (renamed by hand?)'}")
+    return False
+
+
 def prepare_command(args) -> int:
     from ccu.data import DataNotFoundError
 
     try:
+        if args.check:
+            return 0 if check_init(args.dataset, args.profile, args.seed) else 1
         prepare(args.dataset, args.profile, args.seed)
     except DataNotFoundError as exc:
         print(f"[lease] error: {exc}", file=sys.stderr)
@@ -637,6 +670,8 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", required=True)
     p.add_argument("--profile", default="paper")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check", action="store_true",
+                   help="fit nothing: say whether a carried fit matches this machine (exit 1 if not)")  # fmt: skip
     for name in ("plan", "absorb"):
         p = sub.add_parser(name)
         if name == "absorb":
