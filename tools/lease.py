@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -39,29 +40,29 @@ from ccu.store.records import BALLS_KEY  # noqa: E402
 ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE", "CCU"]
 #: device seconds per method on MNIST at the paper's protocol (100 epochs; 200 centres x 50
 #: restarts x 500 steps): (train and score, attack and part), each with its processes' start and
-#: data loading, in four lanes on one GPU. Measured (H200; the logs are kept by ``absorb`` in
-#: reference-results/leases/): 2026-11-26 Base 154 s, ODIN 12 s, Maha 8 s; 2026-11-27 CCU 525 s
-#: (its build, the metric and EM fits, included: at least 125 s, see :data:`CCU_BUILD_S`), EDL
-#: 307 s, OE 193 s, GAN not done after 555 s (so at least 600 s: longer than a call holds with
-#: its attack). Estimated: DE as one Base training and its scoring (its five members train at
-#: once in processes of their own, as four lanes did); MCD on VGG13 (the H100 benchmark's
-#: ResNet18 epoch, 2.9 s, for VGG13's, plus the margin GAN's overrun shows); ACET and ACET2 40
-#: inner PGD steps of ~2.0 / 2.3 ms each per batch (the `cpu`-profile H200 run): 469 batches x
-#: 100 epochs. The attacks: the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x
-#: 500), plus ~15 s for each process (``ccu attack --part-out``; CCU's balls are certified in
-#: its training's process, ``ccu train --balls``).
+#: data loading, in four lanes on one GPU (an H200). The calls' logs are in reference-results/leases/.
+#: Measured 2026-11-28 (paper-mnist-69677792a0f0.log, one call of 512 s): Base 167 s, ODIN 13 s,
+#: Maha 11 s (both on Base), EDL 294 s, OE 204 s, CCU 330 s with its initial fit carried
+#: (``prepare``; its build 0.8 s) plus ~10 s for its balls; the attacks 54-56 s each while four
+#: ran at once, 39-40 s alone, plus ~10 s for each process (``ccu attack --part-out``). Measured
+#: 2026-11-28 (paper-e2-mnist-epoch-times-2026-11-28.log, two epochs each, four at once):
+#: ACET 33.7 s an epoch, ACET2 34.4 s, GAN (VGG13) 15.2 s, MCD (VGG13) 7.0 s; 100 epochs plus
+#: scoring and start. Estimated: DE's five members at once (each a Base training in a process
+#: of its own; 4 processes did not slow each other) plus its resume and scoring; the attacks of
+#: DE, MCD and GAN from the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x 500).
+#: CCU's entry includes its build (:data:`CCU_BUILD_S`), which a carried fit takes out.
 COST_S = {
-    "Base": (160, 30),
-    "ODIN": (12, 60),  # on Base, which its lane trains first (cost of Base added)
-    "Maha": (8, 65),
-    "EDL": (310, 30),
-    "OE": (195, 30),
-    "CCU": (525, 70),
-    "DE": (220, 85),  # its five members at once, each in a process of its own
-    "MCD": (380, 110),
-    "GAN": (620, 30),
-    "ACET": (3800, 30),
-    "ACET2": (4400, 30),
+    "Base": (170, 65),
+    "ODIN": (14, 50),  # on Base, which its lane trains first (cost of Base added)
+    "Maha": (11, 50),
+    "EDL": (295, 65),
+    "OE": (205, 65),
+    "CCU": (465, 75),
+    "DE": (250, 100),  # its five members at once, each in a process of its own
+    "MCD": (720, 110),
+    "GAN": (1545, 80),
+    "ACET": (3400, 65),
+    "ACET2": (3470, 65),
 }
 #: seconds of CCU's build (metric, EM of both mixtures) inside its training: the 2026-11-27
 #: call of CCU at 10 epochs was stopped 160 s in before its 10 epochs were done (~3.5 s each),
@@ -296,6 +297,19 @@ def reduced_epochs(method: str, epochs: int = 100) -> int:
     return max(1, int((longest - attack) / (train / epochs)))
 
 
+def head_commit() -> str:
+    """The checkout's commit (short), with ``+`` when tracked files differ from it: what the
+    parts of a call made from this tree record (``CCU_COMMIT``)."""
+    git = ["git", "-C", str(REPO)]
+    try:
+        sha = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"]).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+" if dirty else "")
+
+
 def print_plan(args) -> int:
     from ccu.run.config import get_profile
 
@@ -319,17 +333,20 @@ def print_plan(args) -> int:
             f"first, here: python tools/pack_data.py --dataset {args.dataset}   (the data to carry)"
         )
         carry = [f".devdata/{args.dataset}/part-1"]
-    if inits:
+    with_ccu = any("CCU" in c[0] for c in calls)
+    if inits and with_ccu:  # checked on the device before CCU trains (lease_run.sh)
         carry.append(init_dir(args.dataset).relative_to(REPO).as_posix())
-    elif "CCU" in too_long or "CCU" in [m for c in calls for m in c[0]]:
+    elif not inits and "CCU" in too_long or "CCU" in [m for c in calls for m in c[0]]:
         print(
             f"first, here: python tools/lease.py prepare --dataset {args.dataset}   (CCU's "
             f"initial fit, carried: ~{CCU_BUILD_S} s less of CCU's call; then plan again)"
         )
+    commit = head_commit()
     left = args.budget_s
     for k, (methods, lanes, work) in enumerate(calls, 1):
         timeout = call_timeout(work)
-        env = f"JOBS={lanes} HARD_LIMIT={timeout - HARD_MARGIN_S}"
+        # the device's copy of .git may be stale: the commit the parts record, said here
+        env = f"CCU_COMMIT={commit} JOBS={lanes} HARD_LIMIT={timeout - HARD_MARGIN_S}"
         if args.profile != "paper":
             env += f" PROFILE={args.profile}"
         print(
@@ -372,7 +389,9 @@ def prepare(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | 
     from ccu.run.config import get_profile, train_settings
     from ccu.run.experiment import run_data
 
-    folder = Path(folder) if folder is not None else init_dir(dataset)
+    if folder is None:  # where the build looks (tools/lease_run.sh sets it), else the default
+        folder = os.environ.get(prefit.INIT_DIR_ENV) or init_dir(dataset)
+    folder = Path(folder)
     prof = get_profile(profile, dataset, **(overrides or {}))
     data = run_data(dataset, prof, seed)
     method = get_method("CCU")(data.spec, train_settings(dataset), prof, seed=seed, device="cpu")
@@ -393,8 +412,8 @@ def prepare(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | 
 
 
 def check_init(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | None = None,
-               log=print) -> bool:  # fmt: skip
-    """Whether a carried fit in ``folder`` (default ``.devinit/<dataset>/``) is the one this
+               overrides: dict | None = None, log=print) -> bool:  # fmt: skip
+    """Whether a carried fit in ``folder`` (default ``$CCU_INIT_DIR``, else ``.devinit/<dataset>/``) is the one this
     machine's build would load: its inputs (:func:`ccu.methods.prefit.init_inputs`: the data
     as decoded here, the settings, the code) computed here, without fitting. On the device,
     before the call that trains CCU: a decoder that differs by one grey level, another key,
@@ -404,8 +423,10 @@ def check_init(dataset: str, profile: str = "paper", seed: int = 0, folder: Path
     from ccu.run.config import get_profile, train_settings
     from ccu.run.experiment import run_data
 
-    folder = Path(folder) if folder is not None else init_dir(dataset)
-    prof = get_profile(profile, dataset)
+    if folder is None:  # where the build looks (tools/lease_run.sh sets it), else the default
+        folder = os.environ.get(prefit.INIT_DIR_ENV) or init_dir(dataset)
+    folder = Path(folder)
+    prof = get_profile(profile, dataset, **(overrides or {}))
     data = run_data(dataset, prof, seed)
     method = get_method("CCU")(data.spec, train_settings(dataset), prof, seed=seed, device="cpu")
     inputs = prefit.init_inputs(method, data)
@@ -416,10 +437,13 @@ def check_init(dataset: str, profile: str = "paper", seed: int = 0, folder: Path
     log(f"{dataset} ({prof.label}): no carried fit matches this machine (key {key})")
     import torch
 
-    for path in sorted(Path(folder).glob("ccu-init-*.pt")):
+    carried = sorted(folder.glob("ccu-init-*.pt"))
+    for path in carried:
         saved = torch.load(path, map_location="cpu", weights_only=True).get("inputs", {})
         differ = sorted(k for k in set(saved) | set(inputs) if saved.get(k) != inputs.get(k))
         log(f"  {path.name}: differs in {', '.join(differ) or 'nothing (renamed by hand?)'}")
+    if not carried:
+        log(f"  no fit in {folder}")
     return False
 
 
@@ -427,13 +451,14 @@ def prepare_command(args) -> int:
     from ccu.data import DataNotFoundError
 
     try:
+        overrides = json.loads(args.overrides or "{}")
         if args.check:
-            return 0 if check_init(args.dataset, args.profile, args.seed) else 1
-        prepare(args.dataset, args.profile, args.seed)
+            return 0 if check_init(args.dataset, args.profile, args.seed, None, overrides) else 1
+        prepare(args.dataset, args.profile, args.seed, overrides=overrides)
     except DataNotFoundError as exc:
         print(f"[lease] error: {exc}", file=sys.stderr)
         return 3
-    except ValueError as exc:  # an unknown dataset or profile
+    except (ValueError, TypeError) as exc:  # an unknown dataset, profile or field; bad JSON
         print(f"[lease] error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -670,6 +695,7 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", required=True)
     p.add_argument("--profile", default="paper")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overrides", default="", help="JSON profile fields (a reduced variant)")
     p.add_argument("--check", action="store_true",
                    help="fit nothing: say whether a carried fit matches this machine (exit 1 if not)")  # fmt: skip
     for name in ("plan", "absorb"):
@@ -698,4 +724,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `plan | head`: no traceback
     sys.exit(main())

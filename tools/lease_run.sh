@@ -26,12 +26,13 @@
 # HARD_LIMIT (seconds from the start after which every lane is stopped, default 560: the methods
 # not finished by then are lost and run again in a later call), DEVICE (auto), THREADS (16),
 # OUT (/tmp/ccu-out), CCU_RESULTS (/tmp/ccu-results), PARTS (/tmp/ccu-parts), REFERENCE
-# (reference-results: the committed parts), CCU_OFFLINE_DATA (when set: used as is; else the
+# (reference-results: the committed parts), CCU_INIT_CARRIED (.devinit/DATASET: CCU's carried
+# initial fit, checked before CCU trains), CCU_OFFLINE_DATA (when set: used as is; else the
 # data carried as .devdata/<dataset>/part-* are gathered), CCU_COMMIT=<sha> when the copied
 # tree's .git is not current. LEASE_KILL_AFTER_PARTS=N ends the call like a lease that runs out
 # (SIGKILL to every lane) once N parts are packed: what the tests use to cut a lease short.
 # Exit codes: 0 every method finished; 75 some were stopped at HARD_LIMIT (run them again);
-# 3 data or balls missing; 2 bad usage; other: a lane failed (see the log).
+# 3 data or balls missing, or CCU's carried fit not this machine's; 2 bad usage; other: a lane failed (see the log).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg CCU_PROGRESS=0
 export CCU_RESULTS=${CCU_RESULTS:-/tmp/ccu-results} CCU_DATA_ROOT=${CCU_DATA_ROOT:-/tmp/ccu-dataroot}
@@ -78,8 +79,27 @@ if [ "$ds" != digits ] && [ -z "${CCU_OFFLINE_DATA:-}" ]; then
 fi
 
 # CCU's initial fit made here before the lease (python tools/lease.py prepare), when carried:
-# the build loads it instead of fitting (only if its inputs' key matches; else it fits)
-[ -d ".devinit/$ds" ] && export CCU_INIT_DIR=$PWD/.devinit/$ds
+# the build loads it instead of fitting (only if its inputs' key matches; else it fits). The
+# plan counted on it: when CCU trains in this call, it is checked first against this machine's
+# decode of the data (~15 s); a fit that does not match would be made again inside CCU's lane
+# (~125 s on MNIST, more than the call holds, and every lane waits for CCU's balls), so the
+# call stops at once instead (exit 3).
+init=${CCU_INIT_CARRIED:-.devinit/$ds}
+with_ccu=0
+for m in "${methods[@]}"; do [ "$m" = CCU ] && with_ccu=1; done
+if [ -d "$init" ]; then
+  export CCU_INIT_DIR=$(realpath "$init")
+  if [ "$with_ccu" = 1 ]; then
+    check=(python3 tools/lease.py prepare --dataset "$ds" --profile "$PROFILE" --check)
+    [ -n "$OVERRIDES" ] && check+=(--overrides "$OVERRIDES")
+    "${check[@]}" 2>&1 | tee -a "$log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" != 0 ]; then
+      say "no run: CCU's carried fit in $init is not this machine's (above); plan again without it (move $init away) or prepare it where the data decode the same"
+      exit 3
+    fi
+  fi
+fi
 # every 10 epochs a line of how far each training got: a call cut short still measures
 export CCU_EPOCH_LOG=${CCU_EPOCH_LOG:-10}
 # a call never resumes a training (no weights travel): epoch checkpoints every 25 epochs and
@@ -88,8 +108,6 @@ export CCU_CHECKPOINT_EVERY=${CCU_CHECKPOINT_EVERY:-25}
 
 adv=$CCU_RESULTS/$label/$ds/seed0/adversarial
 ref=$REFERENCE/$label/$ds
-with_ccu=0
-for m in "${methods[@]}"; do [ "$m" = CCU ] && with_ccu=1; done
 if [ "$with_ccu" = 1 ]; then
   rm -f "$adv/balls.json"  # none left from an earlier call: this call's CCU certifies them
 elif [ -f "$ref/balls.json" ] && [ -f "$ref/balls.npz" ]; then

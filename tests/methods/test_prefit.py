@@ -72,6 +72,21 @@ def test_a_fit_of_other_inputs_is_never_used(carried, monkeypatch, tmp_path):
     assert _built(1, tmp_path, monkeypatch)[0].initial_fit == "fitted"
 
 
+def test_the_check_says_whether_a_carried_fit_matches_and_what_differs(carried, tmp_path):
+    """``prepare --check``, run on the device before the call that trains CCU: a fit of other
+    data (e.g. JPEGs decoded one grey level apart) would be refitted inside the call."""
+    folder, path = carried
+    said = []
+    assert lease.check_init("digits", "smoke", 0, folder, overrides=TINY, log=said.append)
+    assert path.name in said[0] and "matches" in said[0]
+    saved = torch.load(path, weights_only=True)
+    saved["inputs"]["out_sha256"] = "0" * 64  # the out-distribution decoded otherwise
+    torch.save(saved, tmp_path / "ccu-init-other.pt")
+    said.clear()
+    assert not lease.check_init("digits", "smoke", 0, tmp_path, overrides=TINY, log=said.append)
+    assert "no carried fit matches" in said[0] and said[1].endswith("differs in out_sha256")
+
+
 def test_the_run_logs_where_its_fit_came_from_and_its_build_time(
     carried, monkeypatch, tmp_path, capsys
 ):

@@ -158,7 +158,23 @@ def test_absorb_never_replaces_a_committed_part_nor_mixes_balls(whole, tmp_path)
     assert lease.main(["absorb", str(archive.parent), "--no-commit"]) == 3
 
 
-def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path):
+def test_a_carried_fit_that_is_not_this_machines_stops_the_call_before_any_lane(tmp_path):
+    """The plan counted on CCU's carried fit: a fit this machine's decode does not match would
+    be made again inside CCU's lane (longer than the call), so the call ends at once (exit 3)."""
+    import torch
+
+    init = tmp_path / "init"
+    init.mkdir()
+    torch.save({"inputs": {"dataset": "digits", "out_sha256": "0" * 64}}, init / "ccu-init-0.pt")
+    run, out = lease_run(tmp_path, "A", tmp_path / "ref", METHODS, CCU_INIT_CARRIED=str(init))
+    assert run.returncode == 3, run.stderr
+    log = (out / f"{LABEL}-digits.log").read_text()
+    assert "no carried fit matches this machine" in log and "differs in" in log
+    assert "is not this machine's" in log and "lane 1" not in log
+    assert not (out / f"{LABEL}-digits.parts.tgz").exists()
+
+
+def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path, capsys):
     # CCU as measured on 2026-11-27 (525 s with its build) does not fit a call with its attack
     _, _, too_long, _ = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
     assert "CCU" in too_long
@@ -191,6 +207,14 @@ def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path):
     calls, later, _, problem = lease.plan("mnist", tmp_path, "paper", budget_s=900, jobs=4)
     assert calls == [] and "Base" in later and "balls.npz" in problem
     assert lease.main(["plan", "--dataset", "mnist", "--reference", str(tmp_path)]) == 3
+    # with the balls committed: the printed calls name the commit their parts will record (the
+    # device's copy of .git may be stale) and carry no CCU fit (CCU does not run again)
+    (folder / "balls.npz").write_bytes(b"")
+    assert lease.main(["plan", "--dataset", "mnist", "--reference", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    calls = [line for line in said.splitlines() if line.startswith("call ")]
+    assert calls and all(f'"CCU_COMMIT={lease.head_commit()} JOBS=' in c for c in calls)
+    assert ".devinit" not in said and "prepare" not in said
 
 
 @pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
