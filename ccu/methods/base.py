@@ -126,6 +126,11 @@ class Method:
         """Method-specific fields recorded in the run's config (e.g. CCU's density family)."""
         return {}
 
+    def training_record(self) -> dict:
+        """Fields the run's config records after training (how it ran, not what it is: no part
+        of the run's key), e.g. ACET's ``inner_attack``; none here."""
+        return {}
+
     def code_classes(self) -> list[type]:
         """The classes whose code makes this method's results: its own class (and, for CCU,
         its density family). Those outside the library identify its runs by their source

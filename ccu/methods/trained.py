@@ -7,6 +7,7 @@ silent, each method's own paper decides (noted per class).
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,7 @@ from torch import nn
 from ccu.core.losses import uniform_cross_entropy
 from ccu.data.images import uniform_noise
 from ccu.methods.base import RAW_SCORE, BaseMethod, register_method
+from ccu.methods.cuda_graphs import GraphedPGD, graphs_wanted
 from ccu.methods.training import History, Objective
 
 
@@ -39,11 +41,14 @@ class _OutlierExposure(Objective):
         return loss, logits[:n].detach()
 
 
-def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0, 1.0)):
+def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0, 1.0),
+                           graphed: GraphedPGD | None = None):  # fmt: skip
     """PGD in the l_inf ball of radius ``eps`` (and the box) maximising ``max_y log softmax``.
 
     Start at a uniform point of the ball; signed-gradient steps of size 0.1 eps, x1.1 after an
     improvement, /2 and backtrack after a failure (ACET's backtracking). Returns the best points.
+    The steps are :func:`confidence_pgd`; ``graphed`` replays them from CUDA graphs
+    (:mod:`ccu.methods.cuda_graphs`, checked against the eager steps).
     """
     was_training = model.training
     model.eval()
@@ -51,6 +56,17 @@ def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0
     # the start is drawn on the CPU (the same on every device) and moved once; the steps below
     # read nothing back from the device
     noise = (2 * torch.rand(z.shape, generator=gen) - 1).to(z, non_blocking=True)
+    try:
+        if graphed is not None:
+            return graphed(model, z, noise)
+        return confidence_pgd(model, z, noise, eps, steps, box)
+    finally:
+        model.train(was_training)
+
+
+def confidence_pgd(model, z, noise, eps: float, steps: int, box=(0.0, 1.0)) -> torch.Tensor:
+    """The steps of :func:`linf_confidence_attack` from its start ``z + eps * noise``: device
+    work only, nothing read back, so that one CUDA graph can hold all of them."""
     start = z + eps * noise
     x = start.clamp(*box) if box else start
 
@@ -72,7 +88,6 @@ def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0
         grad = torch.where(ok, g_new, grad)
         score = torch.where(ok.view(-1), s_new, score)
         step = torch.where(ok, step * 1.1, step / 2)
-    model.train(was_training)
     return x.detach()
 
 
@@ -87,14 +102,28 @@ class _ACETObjective(_OutlierExposure):
             box,
         )
         self.calls = 0
+        #: the inner attack in CUDA graphs (on CUDA, :func:`graphs_wanted`), made at the first
+        #: out-batch, when the device is known
+        self.graphed: GraphedPGD | None = None
 
     def out_batch(self, model, z, epoch):
         self.calls += 1
         if self.from_noise:  # ACET2: seeds from uniform noise instead of the out-distribution
             z = uniform_noise(len(z), tuple(z.shape[1:]), self.seed * 100_003 + self.calls).to(z)
+        if self.graphed is None and graphs_wanted(z.device):
+            self.graphed = GraphedPGD(
+                partial(confidence_pgd, eps=self.eps, steps=self.steps, box=self.box)
+            )
         return linf_confidence_attack(
-            model, z, self.eps, self.steps, self.seed + self.calls, box=self.box
-        )
+            model, z, self.eps, self.steps, self.seed + self.calls, box=self.box,
+            graphed=self.graphed,
+        )  # fmt: skip
+
+    def record(self) -> dict:
+        """The run config's ``inner_attack``: eager, or the graphs' record (:class:`GraphedPGD`)."""
+        if self.graphed is None:
+            return {"cuda_graphs": False, "turned_off": None}
+        return self.graphed.record()
 
 
 @register_method
@@ -118,9 +147,15 @@ class ACETMethod(BaseMethod):
     from_noise = False
 
     def objective(self):
-        return _ACETObjective(
+        self._objective = _ACETObjective(
             1.0, 0.3, self.profile.acet_steps, self.from_noise, self.seed, self.spec.value_range
         )
+        return self._objective
+
+    def training_record(self) -> dict:
+        """``inner_attack``: whether the inner PGD ran in CUDA graphs, and their checks."""
+        objective = getattr(self, "_objective", None)
+        return {"inner_attack": objective.record()} if objective is not None else {}
 
 
 @register_method

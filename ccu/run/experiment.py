@@ -160,6 +160,7 @@ def run_spec(
         history = m.fit(data, checkpoint=files.checkpoint, on_epoch_end=on_epoch_end)
         config["train_seconds"] = time.perf_counter() - start
         config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
+        config.update(m.training_record())  # how it ran (e.g. ACET's inner attack): no key
         what = f"{method} on {dataset} ({prof.name}, seed {seed})"
         log(f"trained {what} in {config['train_seconds']:.1f} s")
         scores, metrics = score_sets(m, data, ood_seed)

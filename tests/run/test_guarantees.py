@@ -87,7 +87,7 @@ def test_evaluate_guarantees_writes_and_reference_copies(tmp_path, capsys):
 
 
 def test_the_committed_field_table_puts_ours_beside_good():
-    """The committed MNIST guarantees (profile cpu) beside GOOD's Table 1 at the same eps; the
+    """The committed MNIST guarantees (profiles cpu and paper) beside GOOD's Table 1 at the same eps; the
     committed CSV is what :func:`ccu.report.guarantees.field_table` gives (nothing typed by hand)."""
     import pandas as pd
 

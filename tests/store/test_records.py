@@ -81,7 +81,9 @@ def test_attack_summaries_of_both_names_round_trip():
 def test_committed_table1_files_still_load_unchanged(path):
     obj = json.loads(path.read_text())
     summary = AttackSummary.from_json(obj)
-    assert summary.n_centres == obj["n_seeds"]  # the committed files keep the old name
+    # files committed before the rename keep the old name, the newer ones (reference-results/
+    # paper/) the new one; each reads back unchanged
+    assert summary.n_centres == obj.get("n_seeds", obj.get("n_centres")) is not None
     assert json.dumps(summary.to_json(), indent=2) == json.dumps(obj, indent=2)
 
 
