@@ -72,11 +72,43 @@ CCU_BUILD_S = 125
 SAFETY = 1.1
 
 
+#: the benchmark of ACET's inner attack in CUDA graphs on the leases' GPU
+#: (``python3 benchmarks/bench_acet_graphs.py --out ...`` on the device, committed): once it
+#: is there and its checks against the eager attack passed, ACET and ACET2 are planned with it
+GRAPHS_BENCH = REPO / "benchmarks" / "timings" / "acet_graphs_gpu.json"
+#: the methods whose inner attack runs in CUDA graphs on a GPU (ccu.methods.cuda_graphs)
+GRAPHED = ("ACET", "ACET2")
+#: seconds of an ACET run outside its epochs (process start, data, scoring), in COST_S
+ACET_FIXED_S = 20
+#: ACET's epochs at the paper's protocol
+EPOCHS = 100
+
+
+def graphed_train_seconds(method: str, bench: Path | None = None) -> int | None:
+    """``method``'s training and scoring seconds with its inner attack in CUDA graphs: the
+    epoch :data:`COST_S` measured eagerly, less the eager inner attacks of an epoch as the
+    committed benchmark timed them (at most the whole epoch), plus its graphed ones. None
+    for another method, without the benchmark, or when its checks did not pass (then ACET
+    runs eagerly on the device too). An estimate until a lease measures a graphed run: the
+    benchmark runs alone, the measured epoch in four lanes, so the rest of the epoch kept
+    here is if anything too long."""
+    bench = Path(bench) if bench is not None else GRAPHS_BENCH
+    if method not in GRAPHED or not bench.exists():
+        return None
+    timed = json.loads(bench.read_text())
+    if not (timed.get("checks") or {}).get("cuda_graphs") or "graphed_epoch_s" not in timed:
+        return None
+    epoch = (COST_S[method][0] - ACET_FIXED_S) / EPOCHS
+    rest = epoch - min(epoch, float(timed["eager_epoch_s"]))
+    return int(round(ACET_FIXED_S + EPOCHS * (rest + float(timed["graphed_epoch_s"]))))
+
+
 def train_cost(method: str, ccu_init: bool = False) -> int:
     """Planned device seconds of ``method``'s training and scoring: :data:`COST_S` (ten
     minutes for a method never measured) times :data:`SAFETY`, CCU's build left out when its
-    initial fit is carried (``ccu_init``)."""
-    train = COST_S.get(method, (600, 30))[0]
+    initial fit is carried (``ccu_init``), ACET's and ACET2's from the graphs' benchmark when
+    it is committed (:func:`graphed_train_seconds`)."""
+    train = graphed_train_seconds(method) or COST_S.get(method, (600, 30))[0]
     if method == "CCU" and ccu_init:
         train -= CCU_BUILD_S
     return int(round(train * SAFETY))
@@ -297,6 +329,12 @@ def reduced_epochs(method: str, epochs: int = 100) -> int:
     return max(1, int((longest - attack) / (train / epochs)))
 
 
+def _shown(path: Path) -> str:
+    """``path`` as printed: relative to the checkout when inside it."""
+    path = Path(path)
+    return path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+
+
 def head_commit() -> str:
     """The checkout's commit (short), with ``+`` when tracked files differ from it: what the
     parts of a call made from this tree record (``CCU_COMMIT``)."""
@@ -343,6 +381,18 @@ def print_plan(args) -> int:
         )
     commit = head_commit()
     left = args.budget_s
+    if any(m in too_long for m in GRAPHED) and not GRAPHS_BENCH.exists():
+        bench = _shown(GRAPHS_BENCH)
+        print(
+            "call 0 (first: ACET's inner attack in CUDA graphs, checked against the eager one "
+            'and timed, ~30 s): command "PYTHONPATH=$PWD python3 benchmarks/bench_acet_graphs.py --out '
+            f'$OUT/{GRAPHS_BENCH.name}", carry [], timeout_s 120'
+        )
+        print(
+            f"  then here at once (the machine is wiped after 30 s idle): cp <files_at>/"
+            f"{GRAPHS_BENCH.name} {bench} && git add {bench} && git commit -m 'ACET graphs "
+            "benchmark'; and plan again: ACET and ACET2 are then planned with it"
+        )
     for k, (methods, lanes, work) in enumerate(calls, 1):
         timeout = call_timeout(work)
         # the device's copy of .git may be stale: the commit the parts record, said here
@@ -368,6 +418,10 @@ def print_plan(args) -> int:
         )
     if later:
         print(f"for a later lease: {', '.join(later)}")
+    graphed = [m for m in GRAPHED if graphed_train_seconds(m) is not None]
+    if graphed:
+        print(f"{', '.join(graphed)}: planned with the inner attack in CUDA graphs "
+              f"({_shown(GRAPHS_BENCH)})")  # fmt: skip
     return 0
 
 

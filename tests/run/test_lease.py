@@ -212,9 +212,38 @@ def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path, ca
     (folder / "balls.npz").write_bytes(b"")
     assert lease.main(["plan", "--dataset", "mnist", "--reference", str(tmp_path)]) == 0
     said = capsys.readouterr().out
-    calls = [line for line in said.splitlines() if line.startswith("call ")]
+    calls = [line for line in said.splitlines() if "tools/lease_run.sh" in line]
     assert calls and all(f'"CCU_COMMIT={lease.head_commit()} JOBS=' in c for c in calls)
     assert ".devinit" not in said and "prepare" not in said
+
+
+def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
+    tmp_path, monkeypatch, capsys
+):
+    """Eagerly ACET's 100 epochs take ~56 min (measured): more than a call. The planner first
+    asks for the graphs' benchmark (a call of ~30 s); once it is committed and its checks
+    against the eager attack passed, ACET is planned with it; a benchmark whose graphs were
+    turned off changes nothing (ACET would run eagerly on the device too)."""
+    bench = tmp_path / "acet_graphs_gpu.json"
+    monkeypatch.setattr(lease, "GRAPHS_BENCH", bench)
+    ref = tmp_path / "ref"
+    assert "ACET" in lease.plan("mnist", ref, "paper", budget_s=900, ccu_init=True)[2]
+    assert lease.main(["plan", "--dataset", "mnist", "--reference", str(ref)]) == 0
+    said = capsys.readouterr().out
+    assert said.index("call 0") < said.index("call 1") and "bench_acet_graphs.py --out" in said
+    timed = {"eager_epoch_s": 33.0, "graphed_epoch_s": 2.5, "checks": {"cuda_graphs": False}}
+    bench.write_text(json.dumps(timed))
+    assert lease.graphed_train_seconds("ACET") is None
+    bench.write_text(json.dumps(dict(timed, checks={"cuda_graphs": True})))
+    assert lease.graphed_train_seconds("Base") is None
+    # the measured epoch (COST_S) less the benchmark's eager attacks plus its graphed ones
+    epoch = (lease.COST_S["ACET"][0] - lease.ACET_FIXED_S) / 100
+    assert lease.graphed_train_seconds("ACET") == round(lease.ACET_FIXED_S + 100 * (epoch - 30.5))
+    calls, _, too_long, _ = lease.plan("mnist", ref, "paper", budget_s=900, ccu_init=True)
+    assert "ACET" not in too_long and "ACET" in [m for c in calls for m in c[0]]
+    assert lease.main(["plan", "--dataset", "mnist", "--reference", str(ref)]) == 0
+    said = capsys.readouterr().out
+    assert "call 0" not in said and "planned with the inner attack in CUDA graphs" in said
 
 
 @pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
