@@ -14,7 +14,7 @@ ACET's 100 epochs inside one lease call.
 Usage::
 
     python benchmarks/bench_acet_graphs.py                    # on a GPU
-    python benchmarks/bench_acet_graphs.py --out benchmarks/timings/acet_graphs_h200.json
+    python benchmarks/bench_acet_graphs.py --out benchmarks/timings/acet_graphs_gpu.json
     python benchmarks/bench_acet_graphs.py --batches 3       # on the CPU: eager only
 """
 
