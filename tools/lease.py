@@ -373,7 +373,7 @@ def print_plan(args) -> int:
         carry = [f".devdata/{args.dataset}/part-1"]
     with_ccu = any("CCU" in c[0] for c in calls)
     if inits and with_ccu:  # checked on the device before CCU trains (lease_run.sh)
-        carry.append(init_dir(args.dataset).relative_to(REPO).as_posix())
+        carry.append(_shown(init_dir(args.dataset)))
     elif not inits and "CCU" in too_long or "CCU" in [m for c in calls for m in c[0]]:
         print(
             f"first, here: python tools/lease.py prepare --dataset {args.dataset}   (CCU's "

@@ -226,6 +226,10 @@ def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
     turned off changes nothing (ACET would run eagerly on the device too)."""
     bench = tmp_path / "acet_graphs_gpu.json"
     monkeypatch.setattr(lease, "GRAPHS_BENCH", bench)
+    # CCU's fit prepared (the checkout's own .devinit/ is not read: CI has none)
+    (tmp_path / "init").mkdir()
+    (tmp_path / "init" / "ccu-init-0.pt").write_bytes(b"")
+    monkeypatch.setattr(lease, "init_dir", lambda dataset: tmp_path / "init")
     ref = tmp_path / "ref"
     assert "ACET" in lease.plan("mnist", ref, "paper", budget_s=900, ccu_init=True)[2]
     assert lease.main(["plan", "--dataset", "mnist", "--reference", str(ref)]) == 0
