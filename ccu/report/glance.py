@@ -456,11 +456,18 @@ def paper_status(root: Path | None = None) -> str:
     """One sentence for the top of the page: whether any committed run is at the paper's full
     protocol (profile ``paper``) and what that means for the numbers below."""
     runs = every_run(root)
-    full = [run_title(r) for r in runs if r["profile"] == "paper"]
+    full = [r for r in runs if r["profile"] == "paper"]
     if full:
+        n_all = len(METHOD_ORDER)
+        each = "; ".join(
+            f"{r['paper']}: {len(r['metrics'])} of the {n_all} methods"
+            + ("" if len(r["metrics"]) >= n_all else " so far, the others not yet run")
+            for r in full
+        )
+        follow, come = ("follows", "comes") if len(full) == 1 else ("follow", "come")
         return (
-            f"{len(full)} of the {len(runs)} committed runs follow the paper's full protocol "
-            "and come first; the others are reduced runs, said as such."
+            f"{len(full)} of the {len(runs)} committed runs {follow} the paper's full protocol "
+            f"({each}) and {come} first; the others are reduced runs, said as such."
         )
     attack = " x ".join(map(str, PAPER_ATTACK))
     return (

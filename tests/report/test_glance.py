@@ -77,9 +77,15 @@ def test_status_matrix_and_it_updates_when_results_are_committed(tmp_path):
     st = glance.status_matrix(tmp_path)
     assert st.loc["MNIST", "CCU"] == "reduced (paper-e30)"
     assert st.loc["CIFAR10", "Base"] == "cpu (cifar10-offline)"
+    assert glance.paper_status(tmp_path).startswith("No run at the paper's full protocol")
     _write(tmp_path, "paper", "mnist", "CCU", 0.99)
     assert glance.status_matrix(tmp_path).loc["MNIST", "CCU"] == "paper protocol"
     assert list(glance.status_matrix(tmp_path).index) == list(glance.PAPER_DATASETS)
+    # the page's first sentence says how far the paper's grid is (a partial grid as partial)
+    assert glance.paper_status(tmp_path).startswith(
+        "1 of the 4 committed runs follows the paper's full protocol (MNIST: 1 of the 11 "
+        "methods so far, the others not yet run) and comes first"
+    )
 
 
 def test_the_papers_layout_one_grid_per_run_never_mixing_runs(tmp_path):
