@@ -47,7 +47,7 @@ ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE",
 #: ran at once, 39-40 s alone, plus ~10 s for each process (``ccu attack --part-out``). Measured
 #: 2026-11-28 (paper-e2-mnist-epoch-times-2026-11-28.log, two epochs each, four at once):
 #: ACET 33.7 s an epoch, ACET2 34.4 s, GAN (VGG13) 15.2 s, MCD (VGG13) 7.0 s; 100 epochs plus
-#: scoring and start. Estimated: DE's five members at once (each a Base training in a process
+#: scoring and start (with ACET's and ACET2's attacks beside them: MCD and GAN alone may be faster). Estimated: DE's five members at once (each a Base training in a process
 #: of its own; 4 processes did not slow each other) plus its resume and scoring; the attacks of
 #: DE, MCD and GAN from the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x 500).
 #: CCU's entry includes its build (:data:`CCU_BUILD_S`), which a carried fit takes out.
@@ -291,7 +291,9 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
             if ccu_train + ccu_attack > limit:
                 break
             lanes.append([(["CCU"], ccu_train, ccu_attack)])
-            ready = ccu_train + ccu_attack // 3  # its balls: the first of its three steps
+            # its balls: certified in its training's process (`ccu train --balls`), whose
+            # measured seconds (COST_S) include them
+            ready = ccu_train
         rest = [u for u in units(todo, ccu_init) if u[0] != ["CCU"] or balls]
         for unit in sorted(rest, key=lambda u: -(u[1] + u[2])):
             ends = [(lane_end([*lane, unit], 0 if lane and lane[0][0] == ["CCU"] else ready), i)
