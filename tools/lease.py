@@ -391,9 +391,9 @@ def print_plan(args) -> int:
             f'$OUT/{GRAPHS_BENCH.name}", carry [], timeout_s 120'
         )
         print(
-            f"  then here at once (the machine is wiped after 30 s idle): cp <files_at>/"
-            f"{GRAPHS_BENCH.name} {bench} && git add {bench} && git commit -m 'ACET graphs "
-            "benchmark'; and plan again: ACET and ACET2 are then planned with it"
+            "  then here at once (the machine is wiped after 30 s idle): python tools/lease.py "
+            f"absorb <files_at> (commits it as {bench}); and plan again: ACET and ACET2 are "
+            "then planned with it"
         )
     for k, (methods, lanes, work) in enumerate(calls, 1):
         timeout = call_timeout(work)
@@ -700,15 +700,43 @@ def keep_logs(files_at: Path, reference: Path, dataset: str | None = None) -> li
     return kept
 
 
+def keep_bench(files_at: Path, target: Path | None = None) -> list[Path]:
+    """The graphs' benchmark a call 0 brought back (``benchmarks/bench_acet_graphs.py``), put
+    where the planner reads it (:data:`GRAPHS_BENCH`; a newer measurement replaces the older,
+    which git keeps). :class:`AbsorbError` (4) when it is not the benchmark's JSON."""
+    target = Path(target) if target is not None else GRAPHS_BENCH
+    found = Path(files_at) / target.name
+    if not found.is_file():
+        return []
+    try:
+        timed = json.loads(found.read_text())
+        if not isinstance(timed, dict) or "eager_ms_per_batch" not in timed:
+            raise ValueError("no eager_ms_per_batch")
+    except ValueError as exc:
+        raise AbsorbError(f"{found} is not the benchmark's JSON ({exc}): nothing kept", 4) from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(timed, indent=1) + "\n")
+    return [target]
+
+
 def absorb_command(args) -> int:
+    try:
+        bench = keep_bench(Path(args.files_at))
+    except AbsorbError as exc:
+        print(f"[lease] error: {exc}", file=sys.stderr)
+        return exc.code
+    for path in bench:
+        print(f"kept the CUDA graphs' benchmark: {_shown(path)} (plan again: ACET and ACET2 "
+              "are planned from it)")  # fmt: skip
     kept = keep_logs(Path(args.files_at), Path(args.reference), args.dataset)
     code = 0
     try:
         result = absorb(Path(args.files_at), Path(args.reference), args.dataset)
     except AbsorbError as exc:
         result = {}
-        if exc.code == 3 and kept:  # no part came back, but the call's measurements did
-            print(f"[lease] no parts came back ({exc}); the call's log is kept")
+        if exc.code == 3 and (kept or bench):  # no part came back, but measurements did
+            what = "the call's log is kept" if kept else "the benchmark is kept"
+            print(f"[lease] no parts came back ({exc}); {what}")
         else:
             print(f"[lease] error: {exc}", file=sys.stderr)
             code = exc.code
@@ -723,12 +751,13 @@ def absorb_command(args) -> int:
     for log in sorted(Path(args.files_at).glob("*.log")):
         tail = log.read_text(errors="replace").splitlines()[-2:]
         print(f"{log.name}: " + " | ".join(tail))
+    kept += bench
     if (paths or kept) and args.commit:
         rel = [p.resolve().relative_to(REPO).as_posix() for p in paths + kept]
         methods = sorted(
             {w.split(".")[0] for ws in result.values() for w in ws} - {"balls", "radii"}
         )
-        what = ", ".join(methods) or ("balls" if paths else "no parts, the call's log")
+        what = ", ".join(methods) or ("balls" if paths else "no parts, the call's measurements")
         msg = f"Lease parts {', '.join(rel)}: {what}"
         subprocess.run(["git", "-C", str(REPO), "add", "--", *rel], check=True)
         subprocess.run(["git", "-C", str(REPO), "commit", "-q", "-m", msg, "--", *rel], check=True)

@@ -248,6 +248,15 @@ def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
     assert lease.main(["plan", "--dataset", "mnist", "--reference", str(ref)]) == 0
     said = capsys.readouterr().out
     assert "call 0" not in said and "planned with the inner attack in CUDA graphs" in said
+    # call 0's file, absorbed: put where the planner reads it; anything else there is refused
+    bench.unlink()
+    call = tmp_path / "call0"
+    call.mkdir()
+    (call / bench.name).write_text(json.dumps(dict(timed, eager_ms_per_batch=70.0)))
+    argv = ["absorb", str(call), "--reference", str(ref), "--no-commit"]
+    assert lease.main(argv) == 0 and json.loads(bench.read_text())["eager_ms_per_batch"] == 70.0
+    (call / bench.name).write_text("{")
+    assert lease.main(argv) == 4 and json.loads(bench.read_text())["eager_ms_per_batch"] == 70.0
 
 
 @pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
