@@ -433,6 +433,19 @@ def init_dir(dataset: str) -> Path:
     return REPO / ".devinit" / dataset
 
 
+def _ccu_fit_inputs(dataset: str, profile: str, seed: int, overrides: dict | None):
+    """CCU (on the CPU, not built) for ``dataset`` at ``profile``, its data, the profile and
+    the inputs its initial fit depends on (:func:`ccu.methods.prefit.init_inputs`)."""
+    from ccu.methods import get_method, prefit
+    from ccu.run.config import get_profile, train_settings
+    from ccu.run.experiment import run_data
+
+    prof = get_profile(profile, dataset, **(overrides or {}))
+    data = run_data(dataset, prof, seed)
+    method = get_method("CCU")(data.spec, train_settings(dataset), prof, seed=seed, device="cpu")
+    return method, data, prof, prefit.init_inputs(method, data)
+
+
 def prepare(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | None = None,
             overrides: dict | None = None, log=print) -> Path:  # fmt: skip
     """CCU's initial fit (metric and both mixtures, :mod:`ccu.methods.prefit`) for ``dataset`` at
@@ -441,17 +454,10 @@ def prepare(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | 
     a call on MNIST). A fit with the same inputs already there is kept."""
     import time
 
-    from ccu.methods import get_method, prefit
-    from ccu.run.config import get_profile, train_settings
-    from ccu.run.experiment import run_data
+    from ccu.methods import prefit
 
-    if folder is None:  # where the build looks (tools/lease_run.sh sets it), else the default
-        folder = os.environ.get(prefit.INIT_DIR_ENV) or init_dir(dataset)
-    folder = Path(folder)
-    prof = get_profile(profile, dataset, **(overrides or {}))
-    data = run_data(dataset, prof, seed)
-    method = get_method("CCU")(data.spec, train_settings(dataset), prof, seed=seed, device="cpu")
-    inputs = prefit.init_inputs(method, data)
+    folder = Path(folder) if folder is not None else init_dir(dataset)
+    method, data, _, inputs = _ccu_fit_inputs(dataset, profile, seed, overrides)
     path = prefit.init_path(folder, prefit.init_key(inputs))
     if prefit.find_init(inputs, folder) is not None:
         log(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}: already fitted")
@@ -469,23 +475,18 @@ def prepare(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | 
 
 def check_init(dataset: str, profile: str = "paper", seed: int = 0, folder: Path | None = None,
                overrides: dict | None = None, log=print) -> bool:  # fmt: skip
-    """Whether a carried fit in ``folder`` (default ``$CCU_INIT_DIR``, else ``.devinit/<dataset>/``) is the one this
-    machine's build would load: its inputs (:func:`ccu.methods.prefit.init_inputs`: the data
+    """Whether a carried fit in ``folder`` (default ``$CCU_INIT_DIR``, else
+    ``.devinit/<dataset>/``) is the one this machine's build would load: its inputs (:func:`ccu.methods.prefit.init_inputs`: the data
     as decoded here, the settings, the code) computed here, without fitting. On the device,
     before the call that trains CCU: a decoder that differs by one grey level, another key,
     and CCU would fit again inside the call (~125 s more, more than the call holds). When no
     fit matches, says which inputs differ from each fit carried."""
-    from ccu.methods import get_method, prefit
-    from ccu.run.config import get_profile, train_settings
-    from ccu.run.experiment import run_data
+    from ccu.methods import prefit
 
     if folder is None:  # where the build looks (tools/lease_run.sh sets it), else the default
         folder = os.environ.get(prefit.INIT_DIR_ENV) or init_dir(dataset)
     folder = Path(folder)
-    prof = get_profile(profile, dataset, **(overrides or {}))
-    data = run_data(dataset, prof, seed)
-    method = get_method("CCU")(data.spec, train_settings(dataset), prof, seed=seed, device="cpu")
-    inputs = prefit.init_inputs(method, data)
+    _, _, prof, inputs = _ccu_fit_inputs(dataset, profile, seed, overrides)
     key = prefit.init_key(inputs)
     if prefit.find_init(inputs, folder) is not None:
         log(f"{dataset} ({prof.label}): the carried fit ccu-init-{key}.pt matches this machine")

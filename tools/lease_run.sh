@@ -32,7 +32,8 @@
 # tree's .git is not current. LEASE_KILL_AFTER_PARTS=N ends the call like a lease that runs out
 # (SIGKILL to every lane) once N parts are packed: what the tests use to cut a lease short.
 # Exit codes: 0 every method finished; 75 some were stopped at HARD_LIMIT (run them again);
-# 3 data or balls missing, or CCU's carried fit not this machine's; 2 bad usage; other: a lane failed (see the log).
+# 3 data or balls missing, or CCU's carried fit not this machine's; 2 bad usage; other: a lane
+# failed (see the log).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg CCU_PROGRESS=0
 export CCU_RESULTS=${CCU_RESULTS:-/tmp/ccu-results} CCU_DATA_ROOT=${CCU_DATA_ROOT:-/tmp/ccu-dataroot}
