@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,11 +55,21 @@ EpochCallback = Callable[[int, int], None]
 
 @dataclass
 class History:
-    """Per-epoch means of the loss and training accuracy; per-step constraint gaps (CCU)."""
+    """Per-epoch means of the loss and training accuracy; per-step constraint gaps (CCU); each
+    epoch's wall seconds (its step and its checkpoint; none in checkpoints written before they
+    were kept) and the epochs at which the training was resumed from a checkpoint (a training
+    spread over several processes, e.g. the calls of a GPU lease)."""
 
     loss: list[float] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)
     constraint_gap: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    resumed_at: list[int] = field(default_factory=list)
+
+    def earlier_seconds(self) -> float:
+        """The wall seconds of the epochs trained before the last resume, in the processes
+        before this one (their start and model building aside: not in the checkpoint)."""
+        return float(sum(self.seconds[: self.resumed_at[-1]])) if self.resumed_at else 0.0
 
 
 class Objective:
@@ -149,19 +160,32 @@ def run_epochs(
     if checkpoint is not None and Path(checkpoint).exists():
         state, start, hist = resume_training_state(checkpoint, epochs, model, loader, device)
         step.load_state_dict(state)
+        if start < epochs:
+            hist.resumed_at.append(start)
+    # an epoch without a checkpoint due (CCU_CHECKPOINT_EVERY): a deadline decides first
+    # whether the training stops after it, and the epoch it stops after is saved all the same,
+    # so that the next call resumes from there, not from the last multiple of the cadence
+    stops_after = getattr(on_epoch_end, "stops_after", None)
     bar = tqdm(range(start, epochs), disable=not progress, desc=desc, initial=start, total=epochs)
     before_epochs = getattr(on_epoch_end, "before_epochs", None)
     if before_epochs is not None:
         before_epochs()
     for epoch in bar:
+        began = time.perf_counter()
         result = step.run(epoch)
         hist.loss.append(result.loss_sum / result.n)
         hist.accuracy.append(result.correct / result.n)
         hist.constraint_gap.extend(result.constraint_gaps)
         bar.set_postfix(loss=f"{hist.loss[-1]:.4g}", acc=f"{hist.accuracy[-1]:.3f}")
-        if checkpoint is not None and _checkpoint_due(epoch + 1, epochs):
+        # the epoch's seconds so far; its checkpoint's write, when there is one, is added after
+        hist.seconds.append(time.perf_counter() - began)
+        due = checkpoint is not None and _checkpoint_due(epoch + 1, epochs)
+        if checkpoint is not None and not due and stops_after is not None:
+            due = stops_after(epoch + 1, epochs)  # an epoch it stops after: saved all the same
+        if due:
             extra = step.state_dict() | ({"method_info": info} if info else {})
             save_training_state(checkpoint, epoch + 1, epochs, model, loader, hist, device, **extra)
+            hist.seconds[-1] = time.perf_counter() - began
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, epochs)
     return hist

@@ -105,11 +105,30 @@ class EpochDeadline:
 
     def __init__(self, deadline: Deadline):
         self.deadline = deadline
+        self._decided: tuple[int | None, StopForTime | None] | None = None
 
     def before_epochs(self) -> None:
         self.deadline.lap()
 
+    def stops_after(self, done: int | None = None, total: int | None = None) -> bool:
+        """Whether the training stops after epoch ``done`` (:meth:`Deadline.check`, now),
+        asked by the epoch loop before it writes the epoch's checkpoint: an epoch the training
+        stops after is always saved. The call that follows for the same epoch acts on this
+        decision, so the two cannot disagree (the checkpoint's write in between takes time)."""
+        try:
+            self.deadline.check(done, total)
+        except StopForTime as stop:
+            self._decided = (done, stop)
+            return True
+        self._decided = (done, None)
+        return False
+
     def __call__(self, done: int | None = None, total: int | None = None) -> None:
+        decided, self._decided = self._decided, None
+        if decided is not None and decided[0] == done:
+            if decided[1] is not None:
+                raise decided[1]
+            return
         self.deadline.check(done, total)
 
     def __eq__(self, other) -> bool:

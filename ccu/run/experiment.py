@@ -157,9 +157,15 @@ def run_spec(
             if os.environ.get("CCU_EPOCH_LOG") and (fit or built >= 1.0):
                 log(f"built {method} on {dataset} in {built:.1f} s"
                     + (f" (initial fit: {fit})" if fit else ""))  # fmt: skip
+        if os.environ.get("CCU_EPOCH_LOG") and files.checkpoint.exists():
+            log(f"{method} on {dataset}: continues from its epoch checkpoint")
         history = m.fit(data, checkpoint=files.checkpoint, on_epoch_end=on_epoch_end)
-        config["train_seconds"] = time.perf_counter() - start
+        # a training resumed from its checkpoint (e.g. in the next call of a GPU lease): the
+        # epochs of the processes before count too (their epochs' seconds, in the checkpoint)
+        earlier = history.earlier_seconds() if hasattr(history, "earlier_seconds") else 0.0
+        config["train_seconds"] = time.perf_counter() - start + earlier
         config["history"] = {"loss": history.loss, "accuracy": history.accuracy}
+        config["resumed_at_epochs"] = list(getattr(history, "resumed_at", []))
         config.update(m.training_record())  # how it ran (e.g. ACET's inner attack): no key
         what = f"{method} on {dataset} ({prof.name}, seed {seed})"
         log(f"trained {what} in {config['train_seconds']:.1f} s")
@@ -188,6 +194,8 @@ def _epoch_log(what: str, start: float, on_epoch_end=None):
 
     if hasattr(on_epoch_end, "before_epochs"):  # a deadline's timing starts with the epochs
         logged.before_epochs = on_epoch_end.before_epochs
+    if hasattr(on_epoch_end, "stops_after"):  # and it decides before an epoch's checkpoint
+        logged.stops_after = on_epoch_end.stops_after
     return logged
 
 

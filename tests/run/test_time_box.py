@@ -6,8 +6,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from ccu import cli
+from ccu.methods import training as train
 from ccu.run import config, steps
 from ccu.run import deadline as time_box
 from ccu.run.deadline import Deadline, StopForTime
@@ -75,6 +77,69 @@ def test_the_time_box_gives_the_training_the_deadline_check_as_its_epoch_callbac
         box.on_epoch_end(1, 3)
 
 
+class _Loader:
+    """The data order a checkpoint keeps (run_epochs saves and restores it)."""
+
+    def __init__(self):
+        self.order = 0
+
+    def state_dict(self):
+        return {"order": self.order}
+
+    def load_state_dict(self, state):
+        self.order = state["order"]
+
+
+class _TimedStep(train.EpochStep):
+    """An epoch of 10 s on the fake clock that changes the model's weight by one."""
+
+    def __init__(self, model, clock):
+        self.model, self.clock = model, clock
+
+    def run(self, epoch):
+        self.clock.t += 10
+        with torch.no_grad():
+            self.model.weight += 1
+        return train.EpochResult(1.0, 1.0, 1, [])
+
+
+def _deadline_training(tmp_path, clock, epochs=6, seconds=35):
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    deadline = Deadline(seconds)
+    hist = None
+    try:
+        hist = train.run_epochs(
+            _TimedStep(model, clock), model, _Loader(), epochs, torch.device("cpu"),
+            checkpoint=tmp_path / "checkpoint.pt", on_epoch_end=deadline.epoch_callback(),
+            progress=False,
+        )  # fmt: skip
+    except StopForTime as stop:
+        return stop, model
+    return hist, model
+
+
+def test_the_epoch_a_deadline_stops_after_is_saved_whatever_the_checkpoint_cadence(
+    tmp_path, monkeypatch
+):
+    """A lease's trainings write a checkpoint every 25 epochs (``CCU_CHECKPOINT_EVERY``); one
+    stopped for time after epoch 3 must leave epoch 3's checkpoint, or the next call would
+    start again from scratch (or from epoch 25 of 37) and say it continued."""
+    clock = FakeClock()
+    monkeypatch.setattr(time_box, "clock", clock)
+    monkeypatch.setenv("CCU_CHECKPOINT_EVERY", "25")
+    stop, _ = _deadline_training(tmp_path, clock)  # 10 s an epoch, 35 s: stops after epoch 3
+    assert isinstance(stop, StopForTime) and "after 3 of 6" in str(stop)
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert saved["epoch"] == 3 and len(saved["history"]["seconds"]) == 3
+    # the next call resumes at epoch 3 and ends with the weights of an uninterrupted training;
+    # the epochs of the first call count in its training seconds (from the checkpoint)
+    hist, model = _deadline_training(tmp_path, clock, seconds=1000)
+    assert hist.resumed_at == [3] and len(hist.seconds) == 6
+    assert hist.earlier_seconds() == sum(saved["history"]["seconds"]) > 0
+    assert model.weight.item() == 6.0  # six epochs of +1, three in each call
+
+
 # ----------------------------------------------------------------------------- the CLI
 def _common(res, *extra):
     return ["--profile", "smoke", "--overrides", json.dumps(TINY), "--results", str(res),
@@ -114,7 +179,7 @@ def _snapshot(res, ref) -> dict:
     """Every result file of the run, without what depends on the clock or the calls."""
     # config.json's checksum covers its timings
     clock_keys = {"train_seconds", "wall_seconds", "attack_seconds", "seconds", "loaded",
-                  "wall_seconds_total", "wall_seconds_per_method", "calls",
+                  "wall_seconds_total", "wall_seconds_per_method", "calls", "resumed_at_epochs",
                   "config_sha256"}  # fmt: skip
 
     def clean(o):
@@ -133,9 +198,20 @@ def _snapshot(res, ref) -> dict:
             elif p.suffix == ".npz":
                 with np.load(p) as z:
                     out[rel] = {k: z[k].tolist() for k in z.files}
+            elif p.name.endswith("checkpoint.pt"):  # its epochs' seconds aside
+                out[rel] = _tensors_as_lists(torch.load(p, weights_only=True), clock_keys)
             else:
                 out[rel] = p.read_bytes()
     return out
+
+
+def _tensors_as_lists(obj, clock_keys):
+    if isinstance(obj, dict):
+        return {k: _tensors_as_lists(v, clock_keys) for k, v in obj.items()
+                if k not in clock_keys | {"resumed_at"}}  # fmt: skip
+    if isinstance(obj, list | tuple):
+        return [_tensors_as_lists(v, clock_keys) for v in obj]
+    return (str(obj.dtype), obj.tolist()) if isinstance(obj, torch.Tensor) else obj
 
 
 def _calls_until_done(res, ref, limit=8) -> list[int]:

@@ -61,7 +61,10 @@ def smoke_pipeline(root: str, kill: str, small: str) -> int:
 #: resume at each stage need a few epochs and balls, not the chapter's run
 SMALL = {"epochs": 3, "n_centres": 10, "attack_steps": 5, "attack_restarts": 2}
 LABEL = get_profile("smoke", **SMALL).label
-TIMING = {"train_seconds", "wall_seconds", "attack_seconds"}
+#: what times a run, or says how its processes fell (a resumed training: where it resumed)
+TIMING = {"train_seconds", "wall_seconds", "attack_seconds", "resumed_at_epochs"}
+#: the same in a checkpoint's history: each epoch's seconds, the epochs it was resumed at
+HISTORY_TIMING = {"seconds", "resumed_at"}
 
 
 def _child(root: Path, kill: str = "none") -> subprocess.CompletedProcess:
@@ -110,7 +113,7 @@ def _flat(obj):
     if isinstance(obj, torch.Tensor):
         return obj.double().flatten().tolist() if obj.is_floating_point() else obj.tolist()
     if isinstance(obj, dict):
-        return {str(k): _flat(v) for k, v in obj.items()}
+        return {str(k): _flat(v) for k, v in obj.items() if k not in HISTORY_TIMING}
     if isinstance(obj, list | tuple):
         return [_flat(v) for v in obj]
     return obj
