@@ -159,3 +159,21 @@ def built_once(tmp_path_factory, name: str, build):
             build(folder)
             done.touch()
     return folder
+
+
+#: a checkpoint's history fields that time the training or say how its processes fell
+CHECKPOINT_CLOCK = {"seconds", "resumed_at"}
+
+
+def checkpoint_content(path) -> object:
+    """An epoch checkpoint as comparable values (tensors as their dtype and values), without
+    its history's epoch seconds and resume points: what two runs of the same training share."""
+
+    def plain(obj):
+        if isinstance(obj, dict):
+            return {k: plain(v) for k, v in obj.items() if k not in CHECKPOINT_CLOCK}
+        if isinstance(obj, list | tuple):
+            return [plain(v) for v in obj]
+        return (str(obj.dtype), obj.tolist()) if isinstance(obj, torch.Tensor) else obj
+
+    return plain(torch.load(path, weights_only=True))

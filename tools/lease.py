@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: the checkout's ccu
@@ -159,19 +160,44 @@ def call_lanes(methods: list[str], jobs: int) -> list[list[str]]:
     return [["CCU"], *rest]
 
 
+def given_lanes(methods: list[str]) -> list[list[str]] | None:
+    """The lanes written out in a call's methods (``plan`` prints them: ``A B / C / D``), or
+    None when there is no ``/`` (then :func:`call_lanes` splits them). ValueError when a lane
+    is empty, a method comes twice, or CCU is not first in its lane (the others wait for it)."""
+    if "/" not in methods:
+        return None
+    out, lane = [], []
+    for m in [*methods, "/"]:
+        if m != "/":
+            lane.append(m)
+            continue
+        if not lane:
+            raise ValueError(f"an empty lane in {' '.join(methods)!r}")
+        out.append(lane)
+        lane = []
+    flat = [m for lane in out for m in lane]
+    if len(set(flat)) != len(flat):
+        raise ValueError(f"a method in two lanes: {' '.join(methods)!r}")
+    if any("CCU" in lane[1:] for lane in out):
+        raise ValueError("CCU goes first in its lane: the other lanes wait for its balls")
+    return out
+
+
 def call_command(args) -> int:
-    """``call``: the first line ``<profile label> <DE's members>``, then one line per lane
-    (:func:`call_lanes`); one process where the call once started two (each a torch import)."""
+    """``call``: the first line ``<profile label> <DE's members>``, then one line per lane (as
+    given with ``/``, :func:`given_lanes`, else :func:`call_lanes`); one process where the
+    call once started two (each a torch import)."""
     from ccu.run.config import get_profile
 
     try:
         overrides = json.loads(args.overrides or "{}")
         prof = get_profile(args.profile, args.dataset, **overrides)
-    except (ValueError, TypeError) as err:  # bad JSON, profile, field or dataset: one line
+        lanes = given_lanes(args.methods) or call_lanes(args.methods, args.jobs)
+    except (ValueError, TypeError) as err:  # bad JSON, profile, field, dataset, lanes: one line
         print(f"[lease] error: {err}", file=sys.stderr)
         return 2
     print(prof.label, prof.ensemble)
-    for lane in call_lanes(args.methods, args.jobs):
+    for lane in lanes:
         print(" ".join(lane))
     return 0
 
@@ -196,8 +222,18 @@ def lanes(methods: list[str], jobs: int) -> list[list[str]]:
     return [[m for g in sorted(lane, key=cost) for m in g] for lane in filled if lane]
 
 
-#: seconds of a lease spent outside the commands: the machine's start, and each call's transfers
-START_S, CALL_OVERHEAD_S = 120, 25
+#: seconds of a lease spent outside the commands: the machine's start, and each call's
+#: transfers. Measured on the lease of 2026-11-28 (751 s held for 693 s of commands in three
+#: calls): the start ~34 s, each later call ~12 s; planned with room for a slower start
+START_S, CALL_OVERHEAD_S = 60, 20
+#: ``tools/lease_run.sh``'s STOP_MARGIN: a training that would not end before the hard limit
+#: stops this long before it, after a saved epoch, and continues in the next call
+STOP_MARGIN_S = 20
+#: seconds a continued training spends in the next call before its first epoch (the process,
+#: the data, the model rebuilt from its checkpoint: no refit)
+RESUME_S = 20
+#: a whole lease's device seconds: what "too long even for a lease" is measured against
+LEASE_S = 900
 #: seconds a call keeps after its hard limit: lanes stopped, the archive written, files sent
 HARD_MARGIN_S = 40
 #: seconds of planned work one call holds: its hard limit 45 s past the plan (call_timeout)
@@ -254,12 +290,78 @@ def lane_end(lane: list[tuple[list[str], int, int]], ready: int) -> int:
     return max(train, ready) + attack
 
 
-def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False):
-    """The calls of a lease: ``[(methods, lanes, seconds of work)]``, the methods left for a
-    later lease, those that cannot finish in one call even alone (``{method: seconds}``), and
-    a problem that stops the grid (None if none): CCU's part committed without the balls'
-    metric (over 16 MiB), so no other method can be attacked in them in a later lease.
-    ``ccu_init``: the calls carry CCU's initial fit (``prepare``), so its build is not planned."""
+class Call(NamedTuple):
+    """One planned device call: its methods (in lease_run.sh's order), lanes and seconds of
+    work, and the methods whose training spans it and the next call (``{method: "starts" or
+    "continues"}``; one that continues a training from an earlier call may also finish here,
+    then it is not in ``spanning``)."""
+
+    methods: list[str]
+    lanes: list[list[str]]
+    work: int
+    spanning: dict[str, str]
+
+
+def spannable(group: list[str]) -> bool:
+    """Whether a unit's training may stop after a saved epoch and continue in the next call
+    (``ccu train --stop-after``): not CCU (every other lane waits for its balls) and not DE
+    (its members train to their end, each in a process of its own)."""
+    return not ({"CCU", "DE"} & set(group))
+
+
+def epoch_seconds(train: int) -> float:
+    """One epoch of a unit planned at ``train`` seconds: the most a training stopped for time
+    leaves unused (it stops when one more epoch would end past the stop)."""
+    return train / EPOCHS
+
+
+def next_limit(left: int, timeout: int) -> int:
+    """The work seconds the next call holds after a call of ``timeout`` with ``left`` seconds
+    of the lease before it."""
+    return call_limit(left - timeout - CALL_OVERHEAD_S)
+
+
+def span_progress(limit: int, continuing: bool, train: int) -> float:
+    """How far (seconds of its training) a unit alone in its lane gets in a call planned at
+    ``limit`` seconds of work: it trains until STOP_MARGIN_S before the call's hard limit,
+    less its restart when it continues, less at most one epoch."""
+    hard = call_timeout(limit) - HARD_MARGIN_S
+    return hard - STOP_MARGIN_S - (RESUME_S if continuing else 0) - epoch_seconds(train)
+
+
+def rest_of(train: int, limit: int, continuing: bool) -> int:
+    """The training seconds a unit planned at ``train`` has left for the next call after
+    spanning a call of ``limit`` (:func:`span_progress`), its restart there included."""
+    return int(round(max(train - span_progress(limit, continuing, train), 0) + RESUME_S))
+
+
+def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60) -> bool:
+    """Whether a unit finishes in a whole lease of its own: in one call, or (spannable)
+    across its first two."""
+    group, train, attack = unit
+    limit = call_limit(budget_s - START_S - reserve_s)
+    if train + attack <= limit:
+        return True
+    if not spannable(group):
+        return False
+    left = budget_s - START_S - reserve_s
+    return rest_of(train, limit, False) + attack <= next_limit(left, call_timeout(limit))
+
+
+def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False,
+         inflight=None):  # fmt: skip
+    """The calls of a lease: ``[Call]``, the methods left for a later lease, those that cannot
+    finish in a lease even alone (``{method: seconds}``), and a problem that stops the grid
+    (None if none): CCU's part committed without the balls' metric (over 16 MiB), so no other
+    method can be attacked in them in a later lease. ``ccu_init``: the calls carry CCU's
+    initial fit (``prepare``), so its build is not planned. ``inflight``: ``{method:
+    (epochs done, epochs)}`` of trainings stopped for time on a machine still warm (the last
+    call's ``.inflight``, :func:`read_inflight`): they continue first, in lanes of their own.
+
+    Units that finish in a call fill its lanes first (biggest first, as :func:`lanes`); a
+    lane left free then takes one unit too long for the call, alone, when what remains of it
+    fits the next call: it trains until just before the hard limit, stops after a saved epoch
+    and continues in the next call (``lease_run.sh``)."""
     folder = reference_dir(reference, label, dataset)
     done = set(committed_parts(folder))
     todo = [m for m in ALL if m not in done]
@@ -272,63 +374,134 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
             "call with CCU (move CCU's part away first)"
         )
         return [], todo, {}, problem
-    longest = LONGEST_WORK_S
-    too_long = {}
-    for group, train, attack in units(todo, ccu_init):
-        if train + attack > longest:
-            too_long.update({m: train + attack for m in group})
-    todo = [m for m in todo if m not in too_long]
-    calls = []
+    pending = units(todo, ccu_init)
+    carried = []  # (unit with its training left, started) continuing from the last call
+    for group, train, attack in list(pending):
+        if inflight and group[0] in inflight and spannable(group) and balls:
+            epochs_done, epochs = inflight[group[0]]
+            rest = int(round(train * (1 - epochs_done / max(epochs, 1)))) + RESUME_S
+            carried.append((group, rest, attack))
+            pending.remove((group, train, attack))
+    whole = max(budget_s, LEASE_S)  # a lease as long as this one, or a whole one
+    too_long = {m: t + a for g, t, a in pending if not fits_a_lease((g, t, a), whole) for m in g}
+    pending = [u for u in pending if u[0][0] not in too_long]
+    calls: list[Call] = []
+    dropped = []  # continued trainings no call of this lease can finish: they start over
     left = budget_s - START_S - reserve_s
-    while todo:
-        limit = min(longest, left - CALL_OVERHEAD_S - HARD_MARGIN_S)
+    while pending or carried:
+        limit = call_limit(left)
+        if limit <= 0:
+            break
         lanes: list[list] = []
+        spanning: dict[str, str] = {}
         ready = 0
+        still = []
+        for unit in carried:  # first, in lanes of their own: they finish here, or span again
+            group, rest, attack = unit
+            if rest + attack <= limit:
+                lanes.append([unit])
+            else:
+                still.append(unit)
         if not balls:  # CCU first, in a lane of its own: the others attack in its balls
-            if "CCU" not in todo:
+            ccu = [u for u in pending if u[0] == ["CCU"]]
+            if not ccu or ccu[0][1] + ccu[0][2] > limit:
                 break
-            ccu_train, ccu_attack = train_cost("CCU", ccu_init), attack_cost("CCU")
-            if ccu_train + ccu_attack > limit:
-                break
-            lanes.append([(["CCU"], ccu_train, ccu_attack)])
+            lanes.append([ccu[0]])
             # its balls: certified in its training's process (`ccu train --balls`), whose
             # measured seconds (COST_S) include them
-            ready = ccu_train
-        rest = [u for u in units(todo, ccu_init) if u[0] != ["CCU"] or balls]
+            ready = ccu[0][1]
+        rest = [u for u in pending if u[0] != ["CCU"] or balls]
+        after = next_limit(left, call_timeout(limit))  # what the next call holds
+        room = (lanes, spanning, jobs, limit, after)
+        for unit in still:  # trainings continued from the last call that span this one too
+            _span(unit, True, *room)
+        # biggest first: into the lane where it ends first, if it finishes in this call; else
+        # spanning it and the next in a lane of its own
         for unit in sorted(rest, key=lambda u: -(u[1] + u[2])):
-            ends = [(lane_end([*lane, unit], 0 if lane and lane[0][0] == ["CCU"] else ready), i)
-                    for i, lane in enumerate(lanes) if not (lane[0][0] == ["CCU"] and ready)]  # fmt: skip
+            ends = [(lane_end([*lane, unit], _ready(lane, ready)), i)
+                    for i, lane in enumerate(lanes)
+                    if not (lane[0][0] == ["CCU"] and ready) and lane[0][0][0] not in spanning]  # fmt: skip
             if len(lanes) < jobs:
                 ends.append((lane_end([unit], ready), len(lanes)))
             end, i = min(ends, default=(limit + 1, -1))
             if end > limit:
+                if not ready:  # not in CCU's call: its balls come too late for a plan
+                    _span(unit, False, *room)
                 continue
             if i == len(lanes):
                 lanes.append([])
             lanes[i].append(unit)
-        chosen = [m for lane in lanes for u in lane for m in u[0]]
-        if not chosen:
+        placed = [u for lane in lanes for u in lane]
+        dropped += [u for u in still if u not in placed]  # no time left to continue: lost
+        if not placed:
             break
-        work = max(lane_end(lane, 0 if lane[0][0] == ["CCU"] else ready) for lane in lanes)
-        calls.append((chosen, len(lanes), work))
-        todo = [m for m in todo if m not in chosen]
+        work = limit if spanning else max(lane_end(lane, _ready(lane, ready)) for lane in lanes)
+        # each lane: a continued training first, then the cheaper units first (more of them
+        # finish, and come back, in a call cut short)
+        order = [sorted(lane, key=lambda u: (u not in carried, u[1] + u[2])) for lane in lanes]
+        named = [[m for u in lane for m in u[0]] for lane in order]
+        calls.append(Call([m for lane in named for m in lane], named, work, spanning))
+        nxt = []
+        for lane in lanes:
+            unit = lane[0]
+            if unit[0][0] in spanning:
+                group, train, attack = unit
+                nxt.append(
+                    (group, rest_of(train, limit, spanning[group[0]] == "continues"), attack)
+                )
+        carried = nxt
+        pending = [u for u in pending if u not in placed]
         left -= call_timeout(work) + CALL_OVERHEAD_S  # what print_plan gives the call
         balls = True
-    return calls, todo, too_long, problem
+    later = list(dict.fromkeys(m for u in pending + carried + dropped for m in u[0]))
+    return calls, later, too_long, problem
+
+
+def _span(unit, continuing: bool, lanes, spanning, jobs: int, limit: int, after: int) -> bool:
+    """:func:`plan`: ``unit`` in a lane of its own (appended to ``lanes``, its methods to
+    ``spanning``), its training continued in the next call, when a lane is free and the next
+    call (``after`` seconds of work) holds the rest."""
+    group, train, attack = unit
+    if len(lanes) >= jobs or not spannable(group):
+        return False
+    if rest_of(train, limit, continuing) + attack > after:
+        return False
+    lanes.append([unit])
+    for m in group:
+        spanning[m] = "continues" if continuing else "starts"
+    return True
+
+
+def _ready(lane, ready: int) -> int:
+    """When the balls are there for ``lane``: at once for CCU's own lane, else ``ready``."""
+    return 0 if lane and lane[0][0] == ["CCU"] else ready
 
 
 def call_timeout(work: int) -> int:
     """A call's ``timeout_s`` for ``work`` seconds of planned work: 45 s of room past the plan
     before the hard limit (``HARD_LIMIT`` = this minus :data:`HARD_MARGIN_S`; the lease of
     2026-11-27 lost CCU's part to a plan with 20 s), within the tool's 600 s a call."""
-    return min(595, int(work + HARD_MARGIN_S + 45))
+    return min(595, int(work + HARD_MARGIN_S + ROOM_S))
+
+
+#: seconds of room a call keeps past its planned work before the hard limit (call_timeout)
+ROOM_S = 45
+
+
+def call_limit(left: int) -> int:
+    """The most work seconds a call can be planned with when ``left`` seconds of the lease
+    are before it: its timeout (work + room + hard margin) and its transfers within them."""
+    return min(LONGEST_WORK_S, left - CALL_OVERHEAD_S - HARD_MARGIN_S - ROOM_S)
 
 
 def reduced_epochs(method: str, epochs: int = 100) -> int:
-    """The epochs of ``method`` that fit one call alone (the reduced variant ``paper-e<N>``)."""
+    """The most epochs of ``method`` that finish in a lease alone (:func:`fits_a_lease`: one
+    call, or two with its training continued): the reduced variant ``paper-e<N>``."""
     (group, train, attack), *_ = units([method])
-    longest = LONGEST_WORK_S
-    return max(1, int((longest - attack) / (train / epochs)))
+    for n in range(epochs, 0, -1):
+        if fits_a_lease((group, int(train * n / epochs), attack)):
+            return n
+    return 1
 
 
 def _shown(path: Path) -> str:
@@ -357,9 +530,20 @@ def print_plan(args) -> int:
     folder = reference_dir(args.reference, label, args.dataset)
     done = committed_parts(folder)
     inits = sorted(init_dir(args.dataset).glob("ccu-init-*.pt"))
+    record = read_inflight(label, args.dataset, resume_dir(args.reference))
+    inflight = {m: (d["epochs_done"], d["epochs"]) for m, d in record.items()}
+    if inflight:
+        what = ", ".join(f"{m} (epoch {d} of {n})" for m, (d, n) in inflight.items())
+        if args.warm:
+            print(f"continued on the warm machine: {what}")
+        else:
+            print(f"stopped for time in the last call: {what}; with --warm (its machine still "
+                  "warm: the next call starts within 30 s of the last one's end) they continue, "
+                  "else they start over")  # fmt: skip
     calls, later, too_long, problem = plan(
-        args.dataset, args.reference, label, args.budget_s, args.jobs, ccu_init=bool(inits)
-    )
+        args.dataset, args.reference, label, args.budget_s, args.jobs, ccu_init=bool(inits),
+        inflight=inflight if args.warm else None,
+    )  # fmt: skip
     if problem:
         print(f"[lease] error: {problem}", file=sys.stderr)
         return 3
@@ -395,28 +579,43 @@ def print_plan(args) -> int:
             f"absorb <files_at> (commits it as {bench}); and plan again: ACET and ACET2 are "
             "then planned with it"
         )
-    for k, (methods, lanes, work) in enumerate(calls, 1):
-        timeout = call_timeout(work)
+    for k, call in enumerate(calls, 1):
+        timeout = call_timeout(call.work)
         # the device's copy of .git may be stale: the commit the parts record, said here
-        env = f"CCU_COMMIT={commit} JOBS={lanes} HARD_LIMIT={timeout - HARD_MARGIN_S}"
+        env = f"CCU_COMMIT={commit} JOBS={len(call.lanes)} HARD_LIMIT={timeout - HARD_MARGIN_S}"
         if args.profile != "paper":
             env += f" PROFILE={args.profile}"
+        lanes = " / ".join(" ".join(lane) for lane in call.lanes)  # the plan's lanes, as given
         print(
-            f'call {k}: command "{env} bash tools/lease_run.sh {args.dataset} {" ".join(methods)}", '
-            f"carry {json.dumps(carry)}, timeout_s {timeout}   (~{work} s of work)"
+            f'call {k}: command "{env} bash tools/lease_run.sh {args.dataset} {lanes}", '
+            f"carry {json.dumps(carry)}, timeout_s {timeout}   (~{call.work} s of work)"
         )
-        print(
-            f"  then here: python tools/lease.py absorb <files_at> --dataset {args.dataset}"
-            + ("; and plan again with the budget_left_s the call reports" if k < len(calls) else "")
-        )
+        for m, how in call.spanning.items():
+            print(f"  {m}: its training {how} here, stops after a saved epoch before the hard "
+                  "limit and continues in the next call: make that call at once (the machine "
+                  "is wiped after 30 s idle, and the training with it)")  # fmt: skip
+        nxt = calls[k] if k < len(calls) else None
+        if call.spanning and nxt is not None:
+            print(f"  then at once call {k + 1}; here afterwards: python tools/lease.py absorb "
+                  f"<files_at of each call> --dataset {args.dataset}")  # fmt: skip
+        else:
+            print(
+                f"  then here: python tools/lease.py absorb <files_at> --dataset {args.dataset}"
+                + (
+                    "; and plan again with the budget_left_s the call reports"
+                    if nxt is not None
+                    else ""
+                )  # fmt: skip
+            )
         left -= timeout + CALL_OVERHEAD_S
     if not calls:
         print("no call fits the device time left" if later or too_long else "nothing left to run")
     for m, s in too_long.items():
         n = reduced_epochs(m)
         print(
-            f"{m}: ~{s} s, more than one call holds even alone: make it faster, or run the "
-            f"reduced variant OVERRIDES='{{\"epochs\": {n}}}' (label paper-e{n}, never shown as paper)"
+            f"{m}: ~{s} s, more than a lease holds even alone (two calls, its training "
+            "continued): make it faster, or run the reduced variant "
+            f"OVERRIDES='{{\"epochs\": {n}}}' (label paper-e{n}, never shown as paper)"
         )
     if later:
         print(f"for a later lease: {', '.join(later)}")
@@ -701,6 +900,58 @@ def keep_logs(files_at: Path, reference: Path, dataset: str | None = None) -> li
     return kept
 
 
+def resume_dir(reference: Path) -> Path:
+    """Where ``absorb`` keeps what the last call left in flight on the device (its
+    ``.inflight``), read by ``plan --warm``: ``.devresume/`` beside the reference folder (the
+    checkout's, ignored by git: best effort, like the machine itself)."""
+    return Path(reference).resolve().parent / ".devresume"
+
+
+def read_inflight(label: str, dataset: str, folder: Path) -> dict:
+    """``{method: {"epochs_done", "epochs", "seconds"}}`` that the last absorbed call of
+    ``label``/``dataset`` stopped for time (:func:`keep_inflight`); empty when none."""
+    path = Path(folder) / label / f"{dataset}.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def keep_inflight(files_at: Path, folder: Path, dataset: str | None = None) -> dict:
+    """Each call log's ``<label>-<dataset>.inflight`` (``lease_run.sh``: a header ``# label
+    dataset``, then ``METHOD EPOCHS_DONE EPOCHS SECONDS`` lines) kept as
+    ``<folder>/<label>/<dataset>.json``; a call that left nothing in flight clears its record.
+    Returns ``{(label, dataset): methods}``. A malformed file is :class:`AbsorbError` (4)."""
+    folder = Path(folder)
+    found: dict[tuple[str, str], dict] = {}
+    for log in sorted(Path(files_at).glob("*.log")):
+        head = LOG_HEAD.match(log.read_text(errors="replace"))
+        if head and (dataset is None or head.group(2) == dataset):
+            found[head.groups()] = {}
+    for path in sorted(Path(files_at).glob("*.inflight")):
+        lines = path.read_text().splitlines()
+        try:
+            _, label, ds = lines[0].split()
+            methods = {}
+            for line in lines[1:]:
+                m, epochs_done, epochs, secs = line.split()
+                methods[m] = {"epochs_done": int(epochs_done), "epochs": int(epochs),
+                              "seconds": int(secs)}  # fmt: skip
+        except (IndexError, ValueError) as exc:
+            raise AbsorbError(f"{path} is not a call's in-flight list ({exc})", 4) from exc
+        if dataset is None or ds == dataset:
+            found[(label, ds)] = methods
+    for (label, ds), methods in found.items():
+        path = folder / label / f"{ds}.json"
+        if methods:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(methods, indent=1) + "\n")
+        else:
+            path.unlink(missing_ok=True)
+    return found
+
+
 def keep_bench(files_at: Path, target: Path | None = None) -> list[Path]:
     """The graphs' benchmark a call 0 brought back (``benchmarks/bench_acet_graphs.py``), put
     where the planner reads it (:data:`GRAPHS_BENCH`; a newer measurement replaces the older,
@@ -730,12 +981,22 @@ def absorb_command(args) -> int:
         print(f"kept the CUDA graphs' benchmark: {_shown(path)} (plan again: ACET and ACET2 "
               "are planned from it)")  # fmt: skip
     kept = keep_logs(Path(args.files_at), Path(args.reference), args.dataset)
+    try:
+        inflight = keep_inflight(Path(args.files_at), resume_dir(args.reference), args.dataset)
+    except AbsorbError as exc:
+        print(f"[lease] error: {exc}", file=sys.stderr)
+        return exc.code
+    for (label, ds), methods in inflight.items():
+        for m, d in methods.items():
+            print(f"{label}/{ds}: {m} stopped for time after epoch {d['epochs_done']} of "
+                  f"{d['epochs']} ({d['seconds']} s so far): it continues in the next call "
+                  "if that starts within 30 s of this one's end (plan --warm), else starts over")  # fmt: skip
     code = 0
     try:
         result = absorb(Path(args.files_at), Path(args.reference), args.dataset)
     except AbsorbError as exc:
         result = {}
-        if exc.code == 3 and (kept or bench):  # no part came back, but measurements did
+        if exc.code == 3 and (kept or bench or any(inflight.values())):  # no part came back
             what = "the call's log is kept" if kept else "the benchmark is kept"
             print(f"[lease] no parts came back ({exc}); {what}")
         else:
@@ -795,6 +1056,9 @@ def main(argv=None) -> int:
         if name == "plan":
             p.add_argument("--budget-s", type=int, default=900, help="device seconds left (status)")
             p.add_argument("--jobs", type=int, default=4, help="lanes at once on the GPU")
+            p.add_argument("--warm", action="store_true",
+                           help="the device machine is still warm (its last call ended under "
+                           "30 s ago): trainings stopped for time in it continue")  # fmt: skip
         else:
             p.add_argument("--no-commit", dest="commit", action="store_false",
                            help="unpack and rebuild the tables, do not commit")  # fmt: skip

@@ -7,6 +7,9 @@
 #
 #   bash tools/lease_run.sh DATASET METHOD...
 #
+# The methods' lanes are split here (lease.py call), or written out with "/" between them as
+# `lease.py plan` prints them (`CCU / Base ODIN Maha / ACET`): then as given.
+#
 # `python tools/lease.py plan --dataset DATASET --budget-s <budget_left_s>` prints the exact calls
 # (command, carry, timeout_s) from git's state; after each call, here:
 # `python tools/lease.py absorb <files_at> --dataset DATASET` commits the parts (README, "Runs on
@@ -31,6 +34,14 @@
 # data carried as .devdata/<dataset>/part-* are gathered), CCU_COMMIT=<sha> when the copied
 # tree's .git is not current. LEASE_KILL_AFTER_PARTS=N ends the call like a lease that runs out
 # (SIGKILL to every lane) once N parts are packed: what the tests use to cut a lease short.
+# A training that would not end before HARD_LIMIT stops by itself after a saved epoch
+# (`ccu train --stop-after`: HARD_LIMIT less STOP_MARGIN, 20 s, less the time spent; at most
+# TRAIN_STOP_AFTER seconds when set, as the tests do) and continues from that checkpoint in
+# the next call of the same lease: the machine keeps CCU_RESULTS while it is warm (it is wiped
+# after 30 s idle: a training whose machine was wiped starts over, and says so). Such a method
+# sends no part; it is listed, with its epochs done, in $OUT/<label>-<dataset>.inflight
+# ("METHOD EPOCHS_DONE EPOCHS SECONDS"), which `lease.py absorb` keeps for `lease.py plan --warm`.
+# Its part counts the seconds of every call it trained in (train_wall_seconds, train_calls).
 # Exit codes: 0 every method finished; 75 some were stopped at HARD_LIMIT (run them again);
 # 3 data or balls missing, or CCU's carried fit not this machine's; 2 bad usage; other: a lane
 # failed (see the log).
@@ -47,7 +58,9 @@ JOBS=${JOBS:-4}
 HARD_LIMIT=${HARD_LIMIT:-560}
 KILL_AFTER=${LEASE_KILL_AFTER_PARTS:-0}
 MEMBER_LANES=${MEMBER_LANES:-1}
-for v in JOBS HARD_LIMIT; do
+STOP_MARGIN=${STOP_MARGIN:-20}
+TRAIN_STOP_AFTER=${TRAIN_STOP_AFTER:-}
+for v in JOBS HARD_LIMIT STOP_MARGIN; do
   case ${!v} in
     '' | *[!0-9]* | 0) echo "$v must be a positive whole number, not '${!v}'" >&2; exit 2 ;;
   esac
@@ -62,10 +75,15 @@ t0=$SECONDS
 # the profile's label, DE's members and the lanes (CCU alone in the first when JOBS > 1, its
 # balls are what every other lane attacks in; ODIN and Maha after Base), from one process
 call=$(python3 tools/lease.py call "$PROFILE" "$OVERRIDES" "$ds" --jobs "$JOBS" \
-  --methods "${methods[@]}") || { echo "bad PROFILE/OVERRIDES/DATASET" >&2; exit 2; }
+  --methods "${methods[@]}") || { echo "bad PROFILE/OVERRIDES/DATASET or lanes" >&2; exit 2; }
 read -r label ensemble <<<"$call"
 log=$OUT/$label-$ds.log
 tgz=$OUT/$label-$ds.parts.tgz
+inflight=$OUT/$label-$ds.inflight
+rm -f "$inflight"
+# a training's seconds and calls so far, kept on this machine between the calls of a lease
+spans=$CCU_RESULTS/.lease-spans/$label-$ds
+mkdir -p "$spans"
 say() { echo "lease_run: $*" | tee -a "$log"; }
 say "$label/$ds: ${methods[*]} in up to $JOBS lanes (hard limit ${HARD_LIMIT} s)"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -112,9 +130,13 @@ ref=$REFERENCE/$label/$ds
 if [ "$with_ccu" = 1 ]; then
   rm -f "$adv/balls.json"  # none left from an earlier call: this call's CCU certifies them
 elif [ -f "$ref/balls.json" ] && [ -f "$ref/balls.npz" ]; then
-  # only the committed balls: a part attacked in any other would not be absorbed
+  # the committed balls: a part attacked in others would not be absorbed
   mkdir -p "$adv" && cp "$ref/balls.npz" "$adv/" && cp "$ref/balls.json" "$adv/"
   say "attacks in the committed balls of $ref"
+elif [ -f "$adv/balls.json" ] && [ -f "$adv/balls.npz" ]; then
+  # an earlier call of this lease certified them on this machine, and this call was made at
+  # once, before they were committed: absorbed with CCU's part, which brings them
+  say "attacks in the balls an earlier call certified on this machine"
 else
   say "no balls: run CCU in this call, or commit its part with balls.npz first"
   exit 3
@@ -149,6 +171,26 @@ one() {  # one step of a lane, cut at the hard limit
   timeout -s INT -k 20 "$left" python3 -m ccu "$@" "${common[@]}"
 }
 
+train() {  # lane k: one training, stopped after a saved epoch before the hard limit (75)
+  local m=$1 rc
+  shift
+  local until=$((HARD_LIMIT - STOP_MARGIN - (SECONDS - t0)))
+  [ "$until" -gt 0 ] || return 124
+  [ -n "$TRAIN_STOP_AFTER" ] && until=$TRAIN_STOP_AFTER
+  one train --method "$m" --stop-after "$until" "$@" 2>&1 | tee "$lanes/train-$m.out"
+  rc=${PIPESTATUS[0]}
+  # a training that continued from this machine's checkpoint adds to the seconds and calls
+  # kept from the calls before; one that started afresh starts them again
+  grep -q "continues from its epoch checkpoint" "$lanes/train-$m.out" || rm -f "$spans/$m"
+  return "$rc"
+}
+
+spanned() {  # "SECONDS CALLS" of method $1 with this call's $2 seconds
+  local before=0 calls=0
+  [ -f "$spans/$1" ] && read -r before calls <"$spans/$1"
+  echo "$((before + $2)) $((calls + 1))"
+}
+
 await() {  # wait for file $1 unless $2 appears first (then 3) or the hard limit passes (124)
   while [ ! -f "$1" ]; do
     [ -f "$2" ] && return 3
@@ -160,7 +202,8 @@ await() {  # wait for file $1 unless $2 appears first (then 3) or the hard limit
 finish() {  # lane k: attack a trained method in the balls, write its part, send it with the rest
   local m=$1 rc
   # one process: the attack, then the part (`ccu attack --part-out`, as `ccu part` writes it)
-  CCU_TRAIN_WALL_SECONDS=$(cat "$lanes/train-seconds-$m") \
+  read -r wall calls <"$lanes/train-seconds-$m"
+  CCU_TRAIN_WALL_SECONDS=$wall CCU_TRAIN_CALLS=$calls \
     one attack --method "$m" --part-out "$lanes/stage-$k" ||
     { echo "$? $m attack (or its part)" >"$lanes/rc-$k"; return 1; }
   if [ "$with_ccu" = 1 ] && [ "$m" != CCU ]; then  # CCU's part (with the balls) goes first
@@ -171,8 +214,9 @@ finish() {  # lane k: attack a trained method in the balls, write its part, send
   pack || { echo "1 $m pack" >"$lanes/rc-$k"; return 1; }
   [ "$m" = CCU ] && : >"$lanes/ccu-packed"
   echo "lease_run: $m finished at $((SECONDS - t0)) s"
+  rm -f "$spans/$m"  # sent: a later call of the lease trains it afresh, if ever
   if [ "$m" = CCU ]; then  # its guarantees (GAUC) join its part once it is sent
-    CCU_TRAIN_WALL_SECONDS=$(cat "$lanes/train-seconds-$m") \
+    CCU_TRAIN_WALL_SECONDS=$wall CCU_TRAIN_CALLS=$calls \
       one evaluate --method CCU --guarantees --part-out "$lanes/stage-$k" >/dev/null && pack
   fi
   return 0
@@ -199,13 +243,22 @@ while read -r lane; do
         wait "${members[@]}"  # a failed member is trained again by DE's own training below
       fi
       if [ "$m" = CCU ]; then  # its balls certified and saved right after, in the same process
-        one train --method CCU --balls ||
-          { echo "$? CCU train (or its balls)" >"$lanes/rc-$k"; exit; }
+        train CCU --balls
       else
-        one train --method "$m" || { echo "$? $m train" >"$lanes/rc-$k"; exit; }
+        train "$m"
       fi
-      # the members' time included; CCU's: its balls too (one process)
-      echo "$((SECONDS - began))" >"$lanes/train-seconds-$m"
+      rc=$?
+      if [ "$rc" = 75 ]; then  # stopped after a saved epoch: the next call continues it
+        spanned "$m" $((SECONDS - began)) >"$spans/$m"
+        read -r secs _ <"$spans/$m"
+        epochs_done=$(grep -oE "after [0-9]+ of [0-9]+" "$lanes/train-$m.out" | tail -1 | cut -d' ' -f2,4)
+        echo "$m ${epochs_done:-0 0} $secs" >"$lanes/inflight-$m"
+        echo "75 $m stopped for time after epoch ${epochs_done%% *}: continues in the next call" >"$lanes/rc-$k"
+        exit
+      fi
+      [ "$rc" = 0 ] || { echo "$rc $m train$([ "$m" = CCU ] && echo ' (or its balls)')" >"$lanes/rc-$k"; exit; }
+      # the members' time included; CCU's: its balls too (one process); earlier calls' too
+      spanned "$m" $((SECONDS - began)) >"$lanes/train-seconds-$m"
       if [ -f "$adv/balls.json" ] && [ ${#pending[@]} = 0 ]; then
         finish "$m" || exit
       else
@@ -215,6 +268,10 @@ while read -r lane; do
     for m in ${pending[@]+"${pending[@]}"}; do
       await "$adv/balls.json" "$lanes/ccu-ended"  # CCU's lane certifies them
       rc=$?
+      if [ "$rc" = 3 ] && [ -f "$lanes/inflight-CCU" ]; then  # CCU continues next call
+        echo "75 $m trained; attacked in the next call, in the balls CCU certifies then" >"$lanes/rc-$k"
+        exit
+      fi
       [ "$rc" = 0 ] || { echo "$rc $m (no balls: CCU's lane ended without them)" >"$lanes/rc-$k"; exit; }
       finish "$m" || exit
     done
@@ -229,10 +286,14 @@ for j in $(seq 1 "$k"); do
   sed "s/^/  [lane $j] /" "$lanes/log-$j" >>"$log"
   case $lrc in
     0) ;;
-    124 | 130 | 137) [ "$rc" = 0 ] && rc=75 ;;
+    75 | 124 | 130 | 137) [ "$rc" = 0 ] && rc=75 ;;
     *) rc=$lrc ;;
   esac
 done
+if compgen -G "$lanes/inflight-*" >/dev/null; then
+  { echo "# $label $ds"; cat "$lanes"/inflight-*; } >"$inflight"
+  say "in flight on this machine (continued by the next call while it is warm): $(tail -n +2 "$inflight" | paste -sd,)"
+fi
 rm -rf "$lanes"
 say "$label/$ds: $(find "$PARTS" -name '*.attack.json' | wc -l) parts in $tgz after $((SECONDS - t0)) s (exit $rc)"
 exit "$rc"

@@ -144,7 +144,8 @@ def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=
     Provenance: the commit, the device and GPU, torch, the training and attack seconds, the
     seconds per epoch, ``CCU_LANES`` (how many lanes shared the device) and
     ``CCU_TRAIN_WALL_SECONDS`` (the lane's wall time of the training, an ensemble's members
-    trained at once included) when set."""
+    trained at once included, every call of a lease it trained in counted) and
+    ``CCU_TRAIN_CALLS`` (how many calls that was) when set."""
     import os
 
     import numpy as np
@@ -188,6 +189,8 @@ def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=
     }
     if os.environ.get("CCU_TRAIN_WALL_SECONDS"):  # tools/lease_run.sh: DE's members included
         provenance_["train_wall_seconds"] = float(os.environ["CCU_TRAIN_WALL_SECONDS"])
+    if os.environ.get("CCU_TRAIN_CALLS"):  # ... and the calls of a lease it trained in
+        provenance_["train_calls"] = int(os.environ["CCU_TRAIN_CALLS"])
     cfg = dict(config, **{COMMIT: provenance_[COMMIT], DEVICE: provenance_[DEVICE]})
     is_ball_method = method == balls.summary[BALLS_FROM]
     _refuse_other_run(out, method, cfg, balls.key if is_ball_method else None)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import forked
 import pytest
-from helpers import built_once
+from helpers import built_once, checkpoint_content
 
 from ccu import cli
 from ccu.run import reference
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 import lease  # noqa: E402
 
-TINY = {"epochs": 1, "n_train": 200, "n_centres": 6, "attack_steps": 3, "attack_restarts": 1}
+TINY = {"epochs": 2, "n_train": 200, "n_centres": 6, "attack_steps": 3, "attack_restarts": 1}
 LABEL = get_profile("smoke", "digits", **TINY).label
 TINY_TRAINING_LABEL = get_profile("smoke", "digits", **TINY).training_label
 #: CCU (its part carries the balls) and one method attacked in them (ODIN, post hoc on Base in
@@ -106,7 +106,7 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     # the next lease plans from the committed parts only: CCU never runs again
     calls, later, too_long, problem = lease.plan("digits", ref, LABEL, budget_s=900, jobs=2)
     assert problem is None
-    planned = [m for methods, _, _ in calls for m in methods] + later + list(too_long)
+    planned = [m for c in calls for m in c.methods] + later + list(too_long)
     assert "CCU" not in planned and "Base" in planned
     # a fresh machine (machine B: no results) attacks in the committed balls; a temporary file
     # that a killed write left among its parts never travels (an archive with it is refused)
@@ -192,9 +192,10 @@ def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path, ca
         lease.ALL
     )
     spent = lease.START_S
-    for _, lanes, work in calls:
-        assert lanes <= 4 and work <= lease.LONGEST_WORK_S
-        spent += lease.call_timeout(work) + lease.CALL_OVERHEAD_S
+    for c in calls:
+        assert len(c.lanes) <= 4 and c.work <= lease.LONGEST_WORK_S
+        assert sorted(m for lane in c.lanes for m in lane) == sorted(c.methods)
+        spent += lease.call_timeout(c.work) + lease.CALL_OVERHEAD_S
     assert spent <= 900
     # a lease too short for CCU plans nothing rather than strand a method
     assert lease.plan("mnist", tmp_path, "paper", budget_s=400, jobs=4, ccu_init=True)[0] == []
@@ -216,6 +217,113 @@ def test_the_plan_starts_only_what_can_finish_and_names_what_cannot(tmp_path, ca
     calls = [line for line in said.splitlines() if "tools/lease_run.sh" in line]
     assert calls and all(f'"CCU_COMMIT={lease.head_commit()} JOBS=' in c for c in calls)
     assert ".devinit" not in said and "prepare" not in said
+
+
+def test_a_method_too_long_for_a_call_spans_two_calls_of_the_lease(tmp_path, monkeypatch, capsys):
+    """A unit longer than a call (here MCD made 830 s) can run across two calls of a lease:
+    a lane of its own until just before the first call's hard limit, then first in the next.
+    A 15-minute lease's second call is too short for that (its overheads: ~105 s a call), so
+    there it is named with its reduced variant; a longer lease (25 minutes here) spans it.
+    With what the last call left in flight (``--warm``: its machine still warm) the rest of
+    a training is planned first; without, the training starts over."""
+    monkeypatch.setitem(lease.COST_S, "MCD", (700, 60))  # 770 s of training with SAFETY, + 60
+    ref = tmp_path / "reference-results"
+    folder = ref / "paper" / "mnist"
+    folder.mkdir(parents=True)
+    for name in ("CCU.attack.json", "CCU.config.json", "balls.json", "balls.npz"):
+        (folder / name).write_text("{}")
+    calls, later, too_long, _ = lease.plan("mnist", ref, "paper", budget_s=900, jobs=4)
+    assert "MCD" in too_long and not any(c.spanning for c in calls)
+    n = lease.reduced_epochs("MCD")  # its reduced variant fits a 15-minute lease
+    assert lease.fits_a_lease((["MCD"], int(770 * n / 100), 60))
+    assert not lease.fits_a_lease((["MCD"], int(770 * (n + 1) / 100), 60))
+    calls, later, too_long, _ = lease.plan("mnist", ref, "paper", budget_s=1500, jobs=4)
+    assert "MCD" not in too_long and "MCD" not in later
+    first, second = calls[0], calls[1]
+    assert first.spanning == {"MCD": "starts"} and ["MCD"] in first.lanes
+    assert first.work == lease.LONGEST_WORK_S and second.lanes[0] == ["MCD"]
+    assert "MCD" not in second.spanning  # it finishes there
+    overheads = lease.START_S + 60  # the machine's start; the idle window after the last call
+    spent = overheads + sum(lease.call_timeout(c.work) + lease.CALL_OVERHEAD_S for c in calls)
+    assert spent <= 1500
+    # the warm machine holds MCD at epoch 90 of 100: its last tenth continues first
+    calls, later, *_ = lease.plan("mnist", ref, "paper", 400, 4, inflight={"MCD": (90, 100)})
+    assert calls[0].lanes[0] == ["MCD"] and not calls[0].spanning
+    # ... unless the lease has no call left that holds it: it starts over in another lease
+    calls, later, *_ = lease.plan("mnist", ref, "paper", 300, 4, inflight={"MCD": (90, 100)})
+    assert "MCD" in later and all("MCD" not in c.methods for c in calls)
+    # printed: the lanes as given, the spanning said; the in-flight record read with --warm
+    came = tmp_path / "call"
+    came.mkdir()
+    (came / "paper-mnist.log").write_text("lease_run: paper/mnist: MCD in up to 1 lanes\n")
+    (came / "paper-mnist.inflight").write_text("# paper mnist\nMCD 90 100 460\n")
+    argv = ["absorb", str(came), "--reference", str(ref), "--no-commit"]
+    assert lease.main(argv) == 0
+    assert "MCD stopped for time after epoch 90 of 100" in capsys.readouterr().out
+    assert lease.read_inflight("paper", "mnist", tmp_path / ".devresume")["MCD"]["seconds"] == 460
+    plan = ["plan", "--dataset", "mnist", "--reference", str(ref), "--budget-s", "400"]
+    assert lease.main([*plan, "--warm"]) == 0
+    said = capsys.readouterr().out
+    assert "continued on the warm machine: MCD (epoch 90 of 100)" in said
+    assert "lease_run.sh mnist MCD" in said
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out
+    assert "with --warm" in said and "start over" in said and "lease_run.sh mnist MCD" not in said
+    (tmp_path / ".devresume").rename(tmp_path / "kept")  # a 25-minute lease, nothing in flight
+    assert lease.main([*plan[:-1], "1500"]) == 0
+    said = capsys.readouterr().out
+    (tmp_path / "kept").rename(tmp_path / ".devresume")
+    assert (
+        " / " in said and "MCD: its training starts here" in said and "then at once call 2" in said
+    )
+    # a call that leaves nothing in flight clears the record; a malformed list is refused
+    (came / "paper-mnist.inflight").unlink()
+    (came / "paper-mnist.log").write_text("lease_run: paper/mnist: OE in up to 1 lanes\n")
+    assert (
+        lease.main(argv) == 0
+        and lease.read_inflight("paper", "mnist", tmp_path / ".devresume") == {}
+    )
+    (came / "paper-mnist.inflight").write_text("MCD ninety\n")
+    assert lease.main(argv) == 4
+
+
+def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
+    argv = ["call", "smoke", json.dumps(TINY), "digits", "--jobs", "1", "--methods"]
+    assert lease.main([*argv, "CCU", "/", "Base", "ODIN", "/", "OE"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["CCU", "Base ODIN", "OE"]
+    for bad in (["CCU", "/", "/", "OE"], ["OE", "/", "OE"], ["OE", "CCU", "/", "Base"], ["/"]):
+        assert lease.main([*argv, *bad]) == 2, bad
+        assert capsys.readouterr().err.startswith("[lease] error: ")
+
+
+@pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
+def test_a_training_stopped_for_time_continues_in_the_next_call_to_the_same_part(whole, tmp_path):
+    """A training that would not end before the call's hard limit stops after a saved epoch
+    (``TRAIN_STOP_AFTER`` here: each stops after its first epoch, as a long one stops before
+    the limit) and the next call on the same machine continues it: the part equals that of an
+    uninterrupted lease, and counts both calls."""
+    ref = tmp_path / "reference"
+    folder = ref / LABEL / "digits"
+    folder.mkdir(parents=True)
+    for p in whole.iterdir():  # git holds CCU's part and its balls
+        if p.name.startswith("CCU.") or p.name in lease.BALL_FILES:
+            shutil.copy(p, folder / p.name)
+    cut, out = lease_run(tmp_path, "S", ref, ["Base"], jobs=1, TRAIN_STOP_AFTER="0.001")
+    assert cut.returncode == 75, cut.stdout + cut.stderr
+    assert not list(out.glob("*.parts.tgz"))
+    lines = (out / f"{LABEL}-digits.inflight").read_text().splitlines()
+    assert lines[0] == f"# {LABEL} digits" and lines[1].startswith("Base 1 2 ")
+    assert lease.main(["absorb", str(out), "--reference", str(ref), "--no-commit"]) == 0
+    assert lease.read_inflight(LABEL, "digits", tmp_path / ".devresume")["Base"]["epochs_done"] == 1
+    run, out = lease_run(tmp_path, "S", ref, ["Base"], jobs=1)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "continues from its epoch checkpoint" in (out / f"{LABEL}-digits.log").read_text()
+    assert lease.main(["absorb", str(out), "--reference", str(ref), "--no-commit"]) == 0
+    assert lease.read_inflight(LABEL, "digits", tmp_path / ".devresume") == {}
+    config = json.loads((folder / "Base.config.json").read_text())
+    provenance = json.loads((folder / "Base.attack.json").read_text())["provenance"]
+    assert config["resumed_at_epochs"] == [1] and provenance["train_calls"] == 2
+    assert _results(folder) == _results(whole)
 
 
 def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
@@ -360,6 +468,8 @@ def test_train_with_balls_gives_the_files_of_train_then_balls(tmp_path, capsys):
                 for record in (mine, theirs):
                     record.pop("config_sha256", None), record.pop("seconds", None)
                 assert mine == theirs, name
+            elif name.endswith("checkpoint.pt"):  # its epochs' seconds aside
+                assert checkpoint_content(a) == checkpoint_content(b), name
             else:
                 assert a.read_bytes() == b.read_bytes(), name
     assert "balls.npz" in names

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import checkpoint_content
 
 from ccu import cli
 from ccu.methods import training as train
@@ -199,19 +200,10 @@ def _snapshot(res, ref) -> dict:
                 with np.load(p) as z:
                     out[rel] = {k: z[k].tolist() for k in z.files}
             elif p.name.endswith("checkpoint.pt"):  # its epochs' seconds aside
-                out[rel] = _tensors_as_lists(torch.load(p, weights_only=True), clock_keys)
+                out[rel] = checkpoint_content(p)
             else:
                 out[rel] = p.read_bytes()
     return out
-
-
-def _tensors_as_lists(obj, clock_keys):
-    if isinstance(obj, dict):
-        return {k: _tensors_as_lists(v, clock_keys) for k, v in obj.items()
-                if k not in clock_keys | {"resumed_at"}}  # fmt: skip
-    if isinstance(obj, list | tuple):
-        return [_tensors_as_lists(v, clock_keys) for v in obj]
-    return (str(obj.dtype), obj.tolist()) if isinstance(obj, torch.Tensor) else obj
 
 
 def _calls_until_done(res, ref, limit=8) -> list[int]:
