@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 import lease  # noqa: E402
 
-TINY = {"epochs": 2, "n_train": 200, "n_centres": 6, "attack_steps": 3, "attack_restarts": 1}
+TINY = {"epochs": 1, "n_train": 200, "n_centres": 6, "attack_steps": 3, "attack_restarts": 1}
 LABEL = get_profile("smoke", "digits", **TINY).label
 TINY_TRAINING_LABEL = get_profile("smoke", "digits", **TINY).training_label
 #: CCU (its part carries the balls) and one method attacked in them (ODIN, post hoc on Base in
@@ -47,8 +47,9 @@ def lease_run(tmp: Path, machine: str, reference: Path, methods, jobs=2, **env):
         os.environ, OUT=str(out), CCU_RESULTS=str(tmp / f"results-{machine}"),
         PARTS=str(tmp / f"parts-{machine}"), REFERENCE=str(reference), PROFILE="smoke",
         OVERRIDES=json.dumps(TINY), DEVICE="cpu", THREADS="1", JOBS=str(jobs),
-        CCU_DATA_ROOT=str(tmp / "data"), **env,
+        CCU_DATA_ROOT=str(tmp / "data"),
     )  # fmt: skip
+    full.update(env)  # e.g. OVERRIDES of another size
     run = subprocess.run(
         ["bash", "tools/lease_run.sh", "digits", *methods], cwd=REPO, env=full,
         capture_output=True, text=True, timeout=900, start_new_session=True,
@@ -296,34 +297,34 @@ def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
         assert capsys.readouterr().err.startswith("[lease] error: ")
 
 
-@pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
-def test_a_training_stopped_for_time_continues_in_the_next_call_to_the_same_part(whole, tmp_path):
+def test_a_training_stopped_for_time_continues_in_the_next_call_of_the_lease(tmp_path):
     """A training that would not end before the call's hard limit stops after a saved epoch
-    (``TRAIN_STOP_AFTER`` here: each stops after its first epoch, as a long one stops before
-    the limit) and the next call on the same machine continues it: the part equals that of an
-    uninterrupted lease, and counts both calls."""
+    (``TRAIN_STOP_AFTER`` here: it stops after its first epoch, as a long one stops before the
+    limit), sends no part and is listed in flight; the next call on the same machine continues
+    it from that epoch, and its part counts both calls. (That a resumed training ends with the
+    weights of an uninterrupted one: tests/run/test_time_box.py.) CCU alone, 2 epochs."""
+    two = json.dumps(dict(TINY, epochs=2))
+    label = get_profile("smoke", "digits", **dict(TINY, epochs=2)).label
     ref = tmp_path / "reference"
-    folder = ref / LABEL / "digits"
-    folder.mkdir(parents=True)
-    for p in whole.iterdir():  # git holds CCU's part and its balls
-        if p.name.startswith("CCU.") or p.name in lease.BALL_FILES:
-            shutil.copy(p, folder / p.name)
-    cut, out = lease_run(tmp_path, "S", ref, ["Base"], jobs=1, TRAIN_STOP_AFTER="0.001")
+    cut, out = lease_run(
+        tmp_path, "S", ref, ["CCU"], jobs=1, OVERRIDES=two, TRAIN_STOP_AFTER="0.001"
+    )
     assert cut.returncode == 75, cut.stdout + cut.stderr
     assert not list(out.glob("*.parts.tgz"))
-    lines = (out / f"{LABEL}-digits.inflight").read_text().splitlines()
-    assert lines[0] == f"# {LABEL} digits" and lines[1].startswith("Base 1 2 ")
+    lines = (out / f"{label}-digits.inflight").read_text().splitlines()
+    assert lines[0] == f"# {label} digits" and lines[1].startswith("CCU 1 2 ")
     assert lease.main(["absorb", str(out), "--reference", str(ref), "--no-commit"]) == 0
-    assert lease.read_inflight(LABEL, "digits", tmp_path / ".devresume")["Base"]["epochs_done"] == 1
-    run, out = lease_run(tmp_path, "S", ref, ["Base"], jobs=1)
+    assert lease.read_inflight(label, "digits", tmp_path / ".devresume")["CCU"]["epochs_done"] == 1
+    run, out = lease_run(tmp_path, "S", ref, ["CCU"], jobs=1, OVERRIDES=two)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "continues from its epoch checkpoint" in (out / f"{LABEL}-digits.log").read_text()
+    assert "continues from its epoch checkpoint" in (out / f"{label}-digits.log").read_text()
     assert lease.main(["absorb", str(out), "--reference", str(ref), "--no-commit"]) == 0
-    assert lease.read_inflight(LABEL, "digits", tmp_path / ".devresume") == {}
-    config = json.loads((folder / "Base.config.json").read_text())
-    provenance = json.loads((folder / "Base.attack.json").read_text())["provenance"]
+    assert lease.read_inflight(label, "digits", tmp_path / ".devresume") == {}
+    folder = ref / label / "digits"
+    config = json.loads((folder / "CCU.config.json").read_text())
+    provenance = json.loads((folder / "CCU.attack.json").read_text())["provenance"]
     assert config["resumed_at_epochs"] == [1] and provenance["train_calls"] == 2
-    assert _results(folder) == _results(whole)
+    assert len(config["history"]["loss"]) == 2 and (folder / "balls.npz").exists()
 
 
 def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
