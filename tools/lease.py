@@ -349,7 +349,7 @@ def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60) -> bool:
 
 
 def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False,
-         inflight=None):  # fmt: skip
+         inflight=None, assume_done=()):  # fmt: skip
     """The calls of a lease: ``[Call]``, the methods left for a later lease, those that cannot
     finish in a lease even alone (``{method: seconds}``), and a problem that stops the grid
     (None if none): CCU's part committed without the balls' metric (over 16 MiB), so no other
@@ -363,9 +363,11 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     fits the next call: it trains until just before the hard limit, stops after a saved epoch
     and continues in the next call (``lease_run.sh``)."""
     folder = reference_dir(reference, label, dataset)
-    done = set(committed_parts(folder))
+    done = set(committed_parts(folder)) | set(assume_done)
     todo = [m for m in ALL if m not in done]
-    balls = (folder / "balls.json").exists() and (folder / "balls.npz").exists()
+    balls = (
+        "CCU" in assume_done or (folder / "balls.json").exists() and (folder / "balls.npz").exists()
+    )
     problem = None
     if "CCU" in done and not balls and todo:
         problem = (
@@ -455,6 +457,26 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         balls = True
     later = list(dict.fromkeys(m for u in pending + carried + dropped for m in u[0]))
     return calls, later, too_long, problem
+
+
+def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, most=20):
+    """How many whole leases (:data:`LEASE_S` each) the planner needs for the methods of the
+    grid not yet committed, at today's costs, if each lease runs as planned: ``(leases, the
+    methods they run, lease by lease; the methods too long for any lease)``."""
+    assumed: set[str] = set()
+    runs, too_long = [], {}
+    for _ in range(most):
+        calls, later, too_long, problem = plan(
+            dataset, reference, label, LEASE_S, jobs, ccu_init=ccu_init, assume_done=assumed
+        )
+        ran = [m for c in calls for m in c.methods]
+        if problem or not ran:
+            break
+        runs.append(ran)
+        assumed |= set(ran)
+        if not later:
+            break
+    return len(runs), runs, sorted(too_long)
 
 
 def _span(unit, continuing: bool, lanes, spanning, jobs: int, limit: int, after: int) -> bool:
@@ -619,6 +641,12 @@ def print_plan(args) -> int:
         )
     if later:
         print(f"for a later lease: {', '.join(later)}")
+    n, runs, never = leases_needed(args.dataset, args.reference, label, args.jobs, bool(inits))
+    if n or never:
+        each = "; ".join(f"{k}: {', '.join(r)}" for k, r in enumerate(runs, 1))
+        print(f"the grid at these costs: {n} whole lease{'s' * (n != 1)} of {LEASE_S // 60} "
+              f"minutes ({each or 'none'})"
+              + (f"; never in a lease as they are: {', '.join(never)}" if never else ""))  # fmt: skip
     graphed = [m for m in GRAPHED if graphed_train_seconds(m) is not None]
     if graphed:
         print(f"{', '.join(graphed)}: planned with the inner attack in CUDA graphs "

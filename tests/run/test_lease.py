@@ -288,6 +288,19 @@ def test_a_method_too_long_for_a_call_spans_two_calls_of_the_lease(tmp_path, mon
     assert lease.main(argv) == 4
 
 
+def test_the_planner_counts_the_whole_leases_the_rest_of_the_grid_needs(tmp_path, monkeypatch):
+    """Issue 38's bar: how many 15-minute leases the grid left needs at today's costs, and
+    which methods no lease holds as they are; each lease plans from the one before."""
+    n, runs, never = lease.leases_needed("mnist", tmp_path, ccu_init=True)
+    flat = [m for r in runs for m in r]
+    assert n == len(runs) >= 2 and runs[0][0] == "CCU" and len(flat) == len(set(flat))
+    assert set(flat) | set(never) == set(lease.ALL) and {"ACET", "ACET2"} <= set(never)
+    for m in lease.ALL:  # every method at 100 s: the whole grid in one lease
+        monkeypatch.setitem(lease.COST_S, m, (90, 10))
+    n, runs, never = lease.leases_needed("mnist", tmp_path, ccu_init=True)
+    assert (n, never) == (1, []) and sorted(runs[0]) == sorted(lease.ALL)
+
+
 def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
     argv = ["call", "smoke", json.dumps(TINY), "digits", "--jobs", "1", "--methods"]
     assert lease.main([*argv, "CCU", "/", "Base", "ODIN", "/", "OE"]) == 0
