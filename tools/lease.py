@@ -85,6 +85,32 @@ ACET_FIXED_S = 20
 EPOCHS = 100
 
 
+#: each long method's epoch timed alone on the leases' GPU at MNIST's paper profile
+#: (``benchmarks/bench_epochs.py`` in call 0, committed): planned from it once it is there
+EPOCHS_BENCH = REPO / "benchmarks" / "timings" / "epochs_mnist_gpu.json"
+#: the methods call 0 times alone (their costs in COST_S were measured four at once, or not)
+ALONE = ("MCD", "GAN", "DE", "ACET", "ACET2")
+#: seconds of a run outside its epochs when planned from its epoch alone: the process, the
+#: data, the scoring (ACET_FIXED_S); DE: its members' processes, its own resume and scoring
+OUTSIDE_EPOCHS_S = {"DE": 45}
+
+
+def alone_train_seconds(method: str, bench: Path | None = None) -> int | None:
+    """``method``'s training and scoring seconds from its epoch timed alone on the GPU (the
+    committed :data:`EPOCHS_BENCH`; DE: one member's epoch, its members training at once):
+    what it adds to the epochs (:data:`OUTSIDE_EPOCHS_S`) plus 100 of them. None without the
+    benchmark or its number for ``method``. Alone: four lanes at once may be slower, which
+    SAFETY and a training's stop after a saved epoch (continued in the next call) absorb."""
+    bench = Path(bench) if bench is not None else EPOCHS_BENCH
+    if method not in ALONE or not bench.exists():
+        return None
+    timed = (json.loads(bench.read_text()).get("by_method") or {}).get(method) or {}
+    if "full_epoch_s" not in timed:
+        return None
+    fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S)
+    return int(round(fixed + EPOCHS * float(timed["full_epoch_s"])))
+
+
 def graphed_train_seconds(method: str, bench: Path | None = None) -> int | None:
     """``method``'s training and scoring seconds with its inner attack in CUDA graphs: the
     epoch :data:`COST_S` measured eagerly, less the eager inner attacks of an epoch as the
@@ -109,7 +135,11 @@ def train_cost(method: str, ccu_init: bool = False) -> int:
     minutes for a method never measured) times :data:`SAFETY`, CCU's build left out when its
     initial fit is carried (``ccu_init``), ACET's and ACET2's from the graphs' benchmark when
     it is committed (:func:`graphed_train_seconds`)."""
-    train = graphed_train_seconds(method) or COST_S.get(method, (600, 30))[0]
+    train = (
+        alone_train_seconds(method)
+        or graphed_train_seconds(method)
+        or COST_S.get(method, (600, 30))[0]
+    )
     if method == "CCU" and ccu_init:
         train -= CCU_BUILD_S
     return int(round(train * SAFETY))
@@ -545,6 +575,30 @@ def head_commit() -> str:
     return sha + ("+" if dirty else "")
 
 
+def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, str] | None:
+    """The call that measures before the lease plans the long methods: ACET's inner attack in
+    CUDA graphs (``bench_acet_graphs.py``, ~30 s) while ACET or ACET2 is too long without it,
+    and on MNIST each of :data:`ALONE` left to run timed alone for an epoch
+    (``bench_epochs.py``, ~60 s), while their committed benchmarks are missing. ``(command,
+    what it measures)``, or None when nothing is to measure."""
+    steps, what = [], []
+    if any(m in too_long for m in GRAPHED) and not GRAPHS_BENCH.exists():
+        steps.append(
+            f"PYTHONPATH=$PWD python3 benchmarks/bench_acet_graphs.py --out $OUT/{GRAPHS_BENCH.name}"
+        )
+        what.append("ACET's inner attack in CUDA graphs, checked against the eager one and timed")
+    alone = [m for m in ALONE if m in too_long or m in planned]
+    if dataset == "mnist" and alone and not EPOCHS_BENCH.exists():
+        data = f"/tmp/ccu-devdata/{dataset}"  # where lease_run.sh gathers it: reused there
+        steps.append(
+            f"python3 tools/pack_data.py --gather .devdata/{dataset} --into {data} && "
+            f"CCU_OFFLINE_DATA={data} PYTHONPATH=$PWD python3 benchmarks/bench_epochs.py "
+            f"--dataset {dataset} --methods {' '.join(alone)} --out $OUT/{EPOCHS_BENCH.name}"
+        )
+        what.append(f"an epoch of {', '.join(alone)}, each alone")
+    return ("; ".join(steps), "; ".join(what)) if steps else None
+
+
 def print_plan(args) -> int:
     from ccu.run.config import get_profile
 
@@ -589,17 +643,16 @@ def print_plan(args) -> int:
         )
     commit = head_commit()
     left = args.budget_s
-    if any(m in too_long for m in GRAPHED) and not GRAPHS_BENCH.exists():
-        bench = _shown(GRAPHS_BENCH)
+    zero = call_zero(args.dataset, too_long, [m for c in calls for m in c.methods] + later)
+    if zero:
+        command, what = zero
+        print(f"call 0 (first: {what}): command \"{command}\", carry {json.dumps(carry)}, "
+              "timeout_s 240   (~120 s)")  # fmt: skip
         print(
-            "call 0 (first: ACET's inner attack in CUDA graphs, checked against the eager one "
-            'and timed, ~30 s): command "PYTHONPATH=$PWD python3 benchmarks/bench_acet_graphs.py --out '
-            f'$OUT/{GRAPHS_BENCH.name}", carry [], timeout_s 120'
-        )
-        print(
-            "  then here at once (the machine is wiped after 30 s idle): python tools/lease.py "
-            f"absorb <files_at> (commits it as {bench}); and plan again: ACET and ACET2 are "
-            "then planned with it"
+            "  then here at once (the machine is wiped after 30 s idle; the data gathered there "
+            "stays for the next call): python tools/lease.py absorb <files_at> (commits "
+            f"{', '.join(_shown(b) for b in (GRAPHS_BENCH, EPOCHS_BENCH))}); and plan again "
+            "with the budget_left_s it reports: the methods measured are then planned from them"
         )
     for k, call in enumerate(calls, 1):
         timeout = call_timeout(call.work)
@@ -980,23 +1033,31 @@ def keep_inflight(files_at: Path, folder: Path, dataset: str | None = None) -> d
     return found
 
 
-def keep_bench(files_at: Path, target: Path | None = None) -> list[Path]:
-    """The graphs' benchmark a call 0 brought back (``benchmarks/bench_acet_graphs.py``), put
-    where the planner reads it (:data:`GRAPHS_BENCH`; a newer measurement replaces the older,
-    which git keeps). :class:`AbsorbError` (4) when it is not the benchmark's JSON."""
-    target = Path(target) if target is not None else GRAPHS_BENCH
-    found = Path(files_at) / target.name
-    if not found.is_file():
-        return []
-    try:
-        timed = json.loads(found.read_text())
-        if not isinstance(timed, dict) or "eager_ms_per_batch" not in timed:
-            raise ValueError("no eager_ms_per_batch")
-    except ValueError as exc:
-        raise AbsorbError(f"{found} is not the benchmark's JSON ({exc}): nothing kept", 4) from exc
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(timed, indent=1) + "\n")
-    return [target]
+def keep_bench(files_at: Path, targets: list[Path] | None = None) -> list[Path]:
+    """The benchmarks a call 0 brought back (``benchmarks/bench_acet_graphs.py``,
+    ``benchmarks/bench_epochs.py``), each put where the planner reads it (:data:`GRAPHS_BENCH`,
+    :data:`EPOCHS_BENCH`; a newer measurement replaces the older, which git keeps).
+    :class:`AbsorbError` (4), nothing kept, when one is not its benchmark's JSON."""
+    targets = [Path(t) for t in (targets or (GRAPHS_BENCH, EPOCHS_BENCH))]
+    found = []
+    for target in targets:
+        path = Path(files_at) / target.name
+        if not path.is_file():
+            continue
+        key = "by_method" if target.name.startswith("epochs_") else "eager_ms_per_batch"
+        try:
+            timed = json.loads(path.read_text())
+            if not isinstance(timed, dict) or key not in timed:
+                raise ValueError(f"no {key}")
+        except ValueError as exc:
+            raise AbsorbError(
+                f"{path} is not the benchmark's JSON ({exc}): nothing kept", 4
+            ) from exc
+        found.append((target, timed))
+    for target, timed in found:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(timed, indent=1) + "\n")
+    return [target for target, _ in found]
 
 
 def absorb_command(args) -> int:
@@ -1006,8 +1067,8 @@ def absorb_command(args) -> int:
         print(f"[lease] error: {exc}", file=sys.stderr)
         return exc.code
     for path in bench:
-        print(f"kept the CUDA graphs' benchmark: {_shown(path)} (plan again: ACET and ACET2 "
-              "are planned from it)")  # fmt: skip
+        print(f"kept the benchmark {_shown(path)} (plan again: the methods it measured are "
+              "planned from it)")  # fmt: skip
     kept = keep_logs(Path(args.files_at), Path(args.reference), args.dataset)
     try:
         inflight = keep_inflight(Path(args.files_at), resume_dir(args.reference), args.dataset)

@@ -348,6 +348,7 @@ class DEMethod(BaseMethod):
                 h = trainer.fit(member, data, ckpt, objective, on_epoch_end)
             hist.loss.extend(h.loss)
             hist.accuracy.extend(h.accuracy)
+            hist.seconds.extend(h.seconds)  # member after member, as their losses
         return hist
 
     def log_probs(self, x):

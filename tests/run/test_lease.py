@@ -40,6 +40,14 @@ CLOCK = {"attack_seconds", "train_seconds", "wall_seconds", "wall_seconds_total"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
+@pytest.fixture(autouse=True)
+def no_committed_benchmarks(monkeypatch, tmp_path):
+    """The plans here are made from COST_S alone, whatever benchmarks a lease has committed
+    since (a test that wants one writes it where these point)."""
+    monkeypatch.setattr(lease, "GRAPHS_BENCH", tmp_path / "bench" / "acet_graphs_gpu.json")
+    monkeypatch.setattr(lease, "EPOCHS_BENCH", tmp_path / "bench" / "epochs_mnist_gpu.json")
+
+
 def lease_run(tmp: Path, machine: str, reference: Path, methods, jobs=2, **env):
     """One device call of ``tools/lease_run.sh`` on a machine of its own (results, parts)."""
     out = tmp / f"out-{machine}"
@@ -301,6 +309,33 @@ def test_the_planner_counts_the_whole_leases_the_rest_of_the_grid_needs(tmp_path
     assert (n, never) == (1, []) and sorted(runs[0]) == sorted(lease.ALL)
 
 
+def test_the_long_methods_are_timed_alone_in_call_0_then_planned_from_it(tmp_path, capsys):
+    """Call 0 times an epoch of each long method alone (``benchmarks/bench_epochs.py``); once
+    absorbed, the plan takes their training from it: MCD at 2 s an epoch fits a call."""
+    ref = tmp_path / "ref"
+    plan = ["plan", "--dataset", "mnist", "--reference", str(ref)]
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out
+    assert "bench_epochs.py --dataset mnist --methods MCD GAN DE ACET ACET2" in said
+    assert "MCD" in lease.plan("mnist", ref, "paper", 900, 4, ccu_init=True)[2]
+    came = tmp_path / "call0"
+    came.mkdir()
+    timed = {"by_method": {"MCD": {"full_epoch_s": 2.0}, "GAN": {"error": "OOM"}}}
+    (came / lease.EPOCHS_BENCH.name).write_text(json.dumps(timed))
+    argv = ["absorb", str(came), "--reference", str(ref), "--no-commit"]
+    assert lease.main(argv) == 0 and json.loads(lease.EPOCHS_BENCH.read_text()) == timed
+    assert lease.alone_train_seconds("MCD") == lease.ACET_FIXED_S + 200
+    assert lease.alone_train_seconds("GAN") is None  # its error: COST_S as before
+    assert lease.train_cost("MCD") == round((lease.ACET_FIXED_S + 200) * lease.SAFETY)
+    calls, _, too_long, _ = lease.plan("mnist", ref, "paper", 900, 4, ccu_init=True)
+    assert "MCD" not in too_long and "GAN" in too_long
+    capsys.readouterr()
+    assert lease.main(plan) == 0
+    assert "bench_epochs.py" not in capsys.readouterr().out  # measured: no call 0 for it
+    (came / lease.EPOCHS_BENCH.name).write_text('{"MCD": 2.0}')
+    assert lease.main(argv) == 4 and json.loads(lease.EPOCHS_BENCH.read_text()) == timed
+
+
 def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
     argv = ["call", "smoke", json.dumps(TINY), "digits", "--jobs", "1", "--methods"]
     assert lease.main([*argv, "CCU", "/", "Base", "ODIN", "/", "OE"]) == 0
@@ -347,8 +382,9 @@ def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
     asks for the graphs' benchmark (a call of ~30 s); once it is committed and its checks
     against the eager attack passed, ACET is planned with it; a benchmark whose graphs were
     turned off changes nothing (ACET would run eagerly on the device too)."""
-    bench = tmp_path / "acet_graphs_gpu.json"
-    monkeypatch.setattr(lease, "GRAPHS_BENCH", bench)
+    bench = lease.GRAPHS_BENCH  # (no_committed_benchmarks) in a folder of the test's own
+    bench.parent.mkdir()
+    lease.EPOCHS_BENCH.write_text('{"by_method": {}}')  # measured alone: nothing that counts
     # CCU's fit prepared (the checkout's own .devinit/ is not read: CI has none)
     (tmp_path / "init").mkdir()
     (tmp_path / "init" / "ccu-init-0.pt").write_bytes(b"")
