@@ -47,7 +47,11 @@ class EpochPlan:
     flips: torch.Tensor | None
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A CPU tensor on ``device`` without a host sync: to a GPU through pinned memory. (A
+    ``non_blocking`` copy from pageable memory makes CUDA wait for the stream first: a sync per
+    batch where the training draws on the CPU, as GAN's latent noise and ACET's start do.)"""
+    device = torch.device(device)
     if device.type == "cuda":  # pinned: the copy does not wait for the host
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
@@ -103,10 +107,13 @@ class PairedLoader:
         offsets = flips = None
         if self.scheme is not None:
             offsets, flips = crop_flip_params(n_in, self.scheme, self.gen)
-            offsets, flips = _to_device(offsets, self.device), _to_device(flips, self.device)
+            offsets, flips = (
+                host_to_device(offsets, self.device),
+                host_to_device(flips, self.device),
+            )
         return EpochPlan(
-            idx_in=_to_device(idx_in, self.device),
-            idx_out=_to_device(idx_out, self.device),
+            idx_in=host_to_device(idx_in, self.device),
+            idx_out=host_to_device(idx_out, self.device),
             offsets=offsets,
             flips=flips,
         )

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ccu.core.losses import uniform_cross_entropy
-from ccu.data.batches import PairedLoader
+from ccu.data.batches import PairedLoader, host_to_device
 from ccu.methods.base import BaseMethod, register_method
 from ccu.methods.training import (
     EpochCallback,
@@ -155,7 +155,9 @@ class GANStep(EpochStep):
         # sums on the device, read once per epoch (as ccu.Trainer does)
         sums, n = torch.zeros(2, dtype=torch.float64, device=self.device), 0
         for x, y, _ in self.loader:
-            z = torch.randn(len(x), self.latent, generator=self.noise).to(x, non_blocking=True)
+            # drawn on the CPU (the same on every device), copied without a host sync
+            z = host_to_device(torch.randn(len(x), self.latent, generator=self.noise), x.device)
+            z = z.to(x.dtype)
             fake = gen(z)
             # discriminator: real in-data vs generated
             d_loss = F.binary_cross_entropy_with_logits(

@@ -15,6 +15,7 @@ from filelock import FileLock
 from torch import nn
 
 from ccu.core.losses import uniform_cross_entropy
+from ccu.data.batches import host_to_device
 from ccu.data.images import uniform_noise
 from ccu.methods.base import RAW_SCORE, BaseMethod, register_method
 from ccu.methods.cuda_graphs import GraphedPGD, graphs_wanted
@@ -53,9 +54,9 @@ def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
-    # the start is drawn on the CPU (the same on every device) and moved once; the steps below
-    # read nothing back from the device
-    noise = (2 * torch.rand(z.shape, generator=gen) - 1).to(z, non_blocking=True)
+    # the start is drawn on the CPU (the same on every device) and moved once, without a host
+    # sync (pinned); the steps below read nothing back from the device
+    noise = host_to_device(2 * torch.rand(z.shape, generator=gen) - 1, z.device).to(z.dtype)
     try:
         if graphed is not None:
             return graphed(model, z, noise)
