@@ -150,7 +150,7 @@ def cmd_train(args) -> int:
     if args.stop_after is None:
         stamp = steps.train_one(spec, _root(args), data=data)
     else:
-        stamp = steps.train_timeboxed(spec, args.stop_after, _root(args))
+        stamp = steps.train_timeboxed(spec, args.stop_after, _root(args), data=data)
     how = "loaded" if stamp[LOADED] else "trained"
     print(
         f"{args.method} on {args.dataset} (profile {spec.profile.name}, seed {args.seed}): {how} "

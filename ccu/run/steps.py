@@ -248,10 +248,11 @@ def trained_methods(spec: RunSpec, root=None) -> list[str]:
     return found
 
 
-def train_timeboxed(spec: RunSpec, stop_after: float, root=None) -> dict:
+def train_timeboxed(spec: RunSpec, stop_after: float, root=None, data=None) -> dict:
     """``ccu train --stop-after``: :func:`train_one` under a deadline of ``stop_after`` seconds
     (:class:`ccu.run.deadline.StopForTime` after a saved epoch when another would end past it; the
-    same call again resumes), its wall time counted in the run's :class:`RunTimes` as
+    same call again resumes; ``data``: loaded already, e.g. for the balls after it), its wall
+    time counted in the run's :class:`RunTimes` as
     :func:`run_seed` counts it, so that methods trained in several processes at once and then
     loaded by ``ccu run`` keep their times."""
     from ccu.run import deadline as time_box
@@ -260,7 +261,7 @@ def train_timeboxed(spec: RunSpec, stop_after: float, root=None) -> dict:
     check_time_flags(stop_after, None)
     box = TimeBox(time_box.Deadline(stop_after))
     times = RunTimes(store.seed_dir(spec.profile, spec.dataset, spec.seed, root))
-    return _train_timed(times, spec, root, on_epoch_end=box.on_epoch_end)
+    return _train_timed(times, spec, root, data=data, on_epoch_end=box.on_epoch_end)
 
 
 def _train_timed(times: RunTimes, spec: RunSpec, root=None, data=None, on_epoch_end=None):

@@ -152,6 +152,24 @@ def _run(res, ref, *extra):
     return cli.main([*argv, *_common(res, "--reference-out", str(ref)), *extra])
 
 
+def test_ccu_trained_with_its_balls_under_a_deadline_loads_the_data_once(tmp_path, monkeypatch):
+    """A lease's CCU lane is ``ccu train --balls --stop-after S``: one data load for the
+    training and the balls (on MNIST a load is seconds of the call), as without a deadline."""
+    from ccu.run import experiment
+
+    loads, real = [], experiment.run_data
+
+    def counted(*a, **k):
+        loads.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(experiment, "run_data", counted)
+    monkeypatch.setattr(steps, "run_data", counted)
+    argv = ["train", "--dataset", "digits", "--method", "CCU", "--balls", "--stop-after", "9999"]
+    assert cli.main([*argv, *_common(tmp_path)]) == cli.EXIT_OK
+    assert loads == ["digits"]
+
+
 def test_stop_after_and_budget_seconds_do_not_mix(tmp_path, capsys):
     assert _run(tmp_path, tmp_path, "--stop-after", "5", "--budget-seconds", "5") == cli.EXIT_USAGE
     assert "do not mix" in capsys.readouterr().err
