@@ -9,11 +9,16 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=".venv/.ccu-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml ci/env.sh | sha256sum | cut -d' ' -f1)"  # either changed: again
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[ccu] installing ccu[book,test,workflow] into .venv (first time: a few minutes)"
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -e '.[book,test,workflow]'
+  # rfc3987-syntax (from jupyter-events' jsonschema[format-nongpl]) compiles 39 lark grammars
+  # whenever jsonschema is imported: ~2.5 s of CPU in every process that imports nbformat,
+  # papermill, snakemake or jupyter-book (dozens in the test suite). Without it jsonschema
+  # only lacks its "iri" format check, which no schema of ours or of the notebook tools uses.
+  .venv/bin/python -m pip uninstall --quiet -y rfc3987-syntax
   .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
   echo "$want" > "$stamp"
 fi
