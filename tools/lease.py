@@ -695,7 +695,10 @@ def print_plan(args) -> int:
     if later:
         print(f"for a later lease: {', '.join(later)}")
     n, runs, never = leases_needed(args.dataset, args.reference, label, args.jobs, bool(inits))
-    if n or never:
+    if args.dataset not in ("mnist", "digits"):  # COST_S: MNIST's LeNet (and VGG13) runs
+        print(f"(these costs are MNIST's, measured with its LeNet: {args.dataset}'s network "
+              "differs, so its calls are not measured plans; time its first call's epochs)")  # fmt: skip
+    elif n or never:
         each = "; ".join(f"{k}: {', '.join(r)}" for k, r in enumerate(runs, 1))
         print(f"the grid at these costs: {n} whole lease{'s' * (n != 1)} of {LEASE_S // 60} "
               f"minutes ({each or 'none'})"
