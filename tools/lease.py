@@ -592,7 +592,8 @@ def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, st
         data = f"/tmp/ccu-devdata/{dataset}"  # where lease_run.sh gathers it: reused there
         steps.append(
             f"python3 tools/pack_data.py --gather .devdata/{dataset} --into {data} && "
-            f"CCU_OFFLINE_DATA={data} PYTHONPATH=$PWD python3 benchmarks/bench_epochs.py "
+            f"CCU_COMMIT={head_commit()} CCU_OFFLINE_DATA={data} PYTHONPATH=$PWD "
+            "python3 benchmarks/bench_epochs.py "
             f"--dataset {dataset} --methods {' '.join(alone)} --out $OUT/{EPOCHS_BENCH.name}"
         )
         what.append(f"an epoch of {', '.join(alone)}, each alone")

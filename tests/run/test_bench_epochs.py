@@ -24,3 +24,4 @@ def test_each_method_is_timed_alone_and_a_failure_is_recorded_not_raised(tmp_pat
         assert t["full_epoch_s"] > t["epoch_seconds"][1] > 0
     assert acet["inner_attack"]["cuda_graphs"] is False  # on the CPU: eager
     assert "error" in timed["by_method"]["NoSuch"]
+    assert len(timed["data_checksum"]) == 64 and timed["ccu_version"] and timed["commit"]
