@@ -53,17 +53,17 @@ def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, 
     m.build(data)
     built = time.perf_counter() - began
     history = m.fit(data)
-    per_batch = history.seconds[-1] / math.ceil(n_train / batch)
+    batches = math.ceil(n_train / batch)
+    per_batch = history.seconds[-1] / batches
     steps = math.ceil(len(data_all.train_x) / batch)
-    record = getattr(m, "training_record", lambda: {})()
     return {
         "network": m.network_kind(),
-        "batches": math.ceil(n_train / batch),
+        "batches": batches,
         "epoch_seconds": list(history.seconds),
         "build_seconds": built,
         "ms_per_batch": 1e3 * per_batch,
         "full_epoch_s": per_batch * steps,
-        **record,
+        **m.training_record(),  # how it ran, e.g. ACET's inner attack in CUDA graphs or not
     }
 
 

@@ -9,6 +9,7 @@ import forked
 import numpy as np
 import pytest
 import torch
+from helpers import CHECKPOINT_CLOCK
 
 from ccu.data import load_dataset
 from ccu.run import adversarial_noise as noise
@@ -64,7 +65,7 @@ LABEL = get_profile("smoke", **SMALL).label
 #: what times a run, or says how its processes fell (a resumed training: where it resumed)
 TIMING = {"train_seconds", "wall_seconds", "attack_seconds", "resumed_at_epochs"}
 #: the same in a checkpoint's history: each epoch's seconds, the epochs it was resumed at
-HISTORY_TIMING = {"seconds", "resumed_at"}
+HISTORY_TIMING = CHECKPOINT_CLOCK
 
 
 def _child(root: Path, kill: str = "none") -> subprocess.CompletedProcess:
