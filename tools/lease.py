@@ -14,8 +14,10 @@ what git holds: a method with a committed part never runs again::
 ``plan`` starts only the methods that can finish (train, score, attack, pack) inside a call,
 from :data:`COST_S` (device seconds per method; measured where a lease measured them, the
 parts' provenance records every run's own seconds), biggest first, in up to ``--jobs`` lanes;
-a method that cannot finish in one call even alone is named with the reduced variant that
-would fit (``paper-e<N>``, its own label, never mixed with ``paper``). Standard library and
+a method that no lease holds even alone runs, once call 0 has measured the long methods, as
+the reduced variant that fits the lease's first call (``MCD@45`` in the printed lanes: 45
+epochs, label ``paper-e45``, its own folder, attacked in ``paper``'s balls, never mixed with
+``paper``; a committed variant counts as done). Standard library and
 ``ccu`` only (``absorb`` rebuilds ``table1.json`` with :func:`ccu.store.reference_results.assemble_reference`).
 Exit codes: 0 done; 2 bad usage; 3 nothing to absorb; 4 an archive or a part is corrupt or
 conflicts with a committed one (nothing of that call is written).
@@ -65,6 +67,25 @@ COST_S = {
     "ACET": (3400, 65),
     "ACET2": (3470, 65),
 }
+#: a reduced variant among a call's methods: ``MCD@50`` is MCD trained for 50 epochs, with the
+#: profile's other fields as they are: its own label (``paper-e50``), its part in its own folder,
+#: attacked in the certified balls of the call's profile (``CCU@N``, ``ODIN@N`` and ``Maha@N``
+#: are not variants: CCU certifies the balls, ODIN and Maha are Base's)
+VARIANT = re.compile(r"^([A-Za-z][A-Za-z0-9+_-]*)@([1-9][0-9]*)$")
+
+
+def method_of(token: str) -> str:
+    """The method of a call's ``token`` (``MCD@50`` -> ``MCD``; a method is its own token)."""
+    m = VARIANT.match(token)
+    return m.group(1) if m else token
+
+
+def epochs_of(token: str) -> int | None:
+    """The epochs of a reduced variant's ``token`` (``MCD@50`` -> 50), None for a method."""
+    m = VARIANT.match(token)
+    return int(m.group(2)) if m else None
+
+
 #: seconds of CCU's build (metric, EM of both mixtures) inside its training: the 2026-11-27
 #: call of CCU at 10 epochs was stopped 160 s in before its 10 epochs were done (~3.5 s each),
 #: so the build took at least 125 s. A call that carries the fit (``prepare``) skips it.
@@ -134,7 +155,13 @@ def train_cost(method: str, ccu_init: bool = False) -> int:
     """Planned device seconds of ``method``'s training and scoring: :data:`COST_S` (ten
     minutes for a method never measured) times :data:`SAFETY`, CCU's build left out when its
     initial fit is carried (``ccu_init``), ACET's and ACET2's from the graphs' benchmark when
-    it is committed (:func:`graphed_train_seconds`)."""
+    it is committed (:func:`graphed_train_seconds`). A reduced variant (``MCD@50``): its
+    epochs' share of the epochs, the seconds outside them kept whole."""
+    n = epochs_of(method)
+    if n is not None:
+        full = train_cost(method_of(method), ccu_init)
+        fixed = OUTSIDE_EPOCHS_S.get(method_of(method), ACET_FIXED_S)
+        return int(round(fixed + max(full - fixed, 0) * min(n, EPOCHS) / EPOCHS))
     train = (
         alone_train_seconds(method)
         or graphed_train_seconds(method)
@@ -146,8 +173,9 @@ def train_cost(method: str, ccu_init: bool = False) -> int:
 
 
 def attack_cost(method: str) -> int:
-    """Planned device seconds of ``method``'s attack and part (:data:`COST_S`)."""
-    return COST_S.get(method, (600, 30))[1]
+    """Planned device seconds of ``method``'s attack and part (:data:`COST_S`; a reduced
+    variant's: its method's)."""
+    return COST_S.get(method_of(method), (600, 30))[1]
 
 
 def needs_base(method: str) -> bool:
@@ -156,7 +184,7 @@ def needs_base(method: str) -> bool:
     from ccu.methods import get_method
 
     try:
-        return bool(get_method(method).needs_base)
+        return bool(get_method(method_of(method)).needs_base)
     except ValueError:  # a plug-in's method not loaded here: on its own
         return False
 
@@ -205,7 +233,7 @@ def given_lanes(methods: list[str]) -> list[list[str]] | None:
             raise ValueError(f"an empty lane in {' '.join(methods)!r}")
         out.append(lane)
         lane = []
-    flat = [m for lane in out for m in lane]
+    flat = [method_of(m) for lane in out for m in lane]
     if len(set(flat)) != len(flat):
         raise ValueError(f"a method in two lanes: {' '.join(methods)!r}")
     if any("CCU" in lane[1:] for lane in out):
@@ -223,13 +251,50 @@ def call_command(args) -> int:
         overrides = json.loads(args.overrides or "{}")
         prof = get_profile(args.profile, args.dataset, **overrides)
         lanes = given_lanes(args.methods) or call_lanes(args.methods, args.jobs)
+        tokens = [m for lane in lanes for m in lane]
+        for m in tokens:
+            if "@" in m and not VARIANT.match(m):
+                raise ValueError(f"{m!r} is no reduced variant: write METHOD@EPOCHS, e.g. MCD@50")
+        if len({method_of(m) for m in tokens}) != len(tokens):
+            raise ValueError(f"a method twice in {' '.join(args.methods)!r}")
+        variants = {m: variant(args.profile, overrides, args.dataset, m, prof.label)
+                    for m in tokens if epochs_of(m) is not None}  # fmt: skip
     except (ValueError, TypeError) as err:  # bad JSON, profile, field, dataset, lanes: one line
         print(f"[lease] error: {err}", file=sys.stderr)
         return 2
     print(prof.label, prof.ensemble)
     for lane in lanes:
         print(" ".join(lane))
+    for token, (label, fields) in variants.items():
+        print("@", token, label, json.dumps(fields, separators=(",", ":")))
     return 0
+
+
+def variant(profile: str, overrides: dict, dataset: str, token: str, label: str):
+    """A reduced variant's label and profile fields (``MCD@50``: the call's overrides with
+    ``epochs`` 50): ``(label, fields)``. ValueError for CCU (its balls are what the variants
+    are attacked in), ODIN and Maha (built on Base), a method that does not exist, and epochs
+    that are the profile's own (then it is no variant: write the method alone)."""
+    from ccu.methods import get_method
+    from ccu.run.config import get_profile
+
+    method = method_of(token)
+    get_method(method)  # ValueError: unknown
+    if method == "CCU" or needs_base(method):
+        why = (
+            "its balls are what every variant is attacked in"
+            if method == "CCU"
+            else "it is built on Base"
+        )
+        raise ValueError(
+            f"{token}: {method} runs at the call's profile ({why}); only a method trained on "
+            "its own can run as a reduced variant"
+        )
+    fields = dict(overrides, epochs=epochs_of(token))
+    prof = get_profile(profile, dataset, **fields)
+    if prof.label == label:
+        raise ValueError(f"{token} is {label} itself: write {method}")
+    return prof.label, fields
 
 
 def lanes(methods: list[str], jobs: int) -> list[list[str]]:
@@ -336,7 +401,7 @@ def spannable(group: list[str]) -> bool:
     """Whether a unit's training may stop after a saved epoch and continue in the next call
     (``ccu train --stop-after``): not CCU (every other lane waits for its balls) and not DE
     (its members train to their end, each in a process of its own)."""
-    return not ({"CCU", "DE"} & set(group))
+    return not ({"CCU", "DE"} & {method_of(m) for m in group})
 
 
 def epoch_seconds(train: int) -> float:
@@ -379,7 +444,7 @@ def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60) -> bool:
 
 
 def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False,
-         inflight=None, assume_done=()):  # fmt: skip
+         inflight=None, assume_done=(), reduce=False):  # fmt: skip
     """The calls of a lease: ``[Call]``, the methods left for a later lease, those that cannot
     finish in a lease even alone (``{method: seconds}``), and a problem that stops the grid
     (None if none): CCU's part committed without the balls' metric (over 16 MiB), so no other
@@ -391,9 +456,16 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     Units that finish in a call fill its lanes first (biggest first, as :func:`lanes`); a
     lane left free then takes one unit too long for the call, alone, when what remains of it
     fits the next call: it trains until just before the hard limit, stops after a saved epoch
-    and continues in the next call (``lease_run.sh``)."""
+    and continues in the next call (``lease_run.sh``).
+
+    ``reduce``: a method too long for a lease even alone runs as the reduced variant that
+    fits this lease's first call (:func:`reduced_token`, ``MCD@50``: label ``paper-e50``, its
+    own folder, attacked in this label's balls); without it, such a method is only named in
+    ``too_long``. A method committed as a variant in this label's balls
+    (:func:`variant_parts`) counts as done."""
     folder = reference_dir(reference, label, dataset)
-    done = set(committed_parts(folder)) | set(assume_done)
+    done = set(committed_parts(folder)) | set(variant_parts(reference, label, dataset))
+    done |= {method_of(m) for m in assume_done}
     todo = [m for m in ALL if m not in done]
     balls = (
         "CCU" in assume_done or (folder / "balls.json").exists() and (folder / "balls.npz").exists()
@@ -417,6 +489,20 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     whole = max(budget_s, LEASE_S)  # a lease as long as this one, or a whole one
     too_long = {m: t + a for g, t, a in pending if not fits_a_lease((g, t, a), whole) for m in g}
     pending = [u for u in pending if u[0][0] not in too_long]
+    if reduce:
+        first = call_limit(budget_s - START_S - reserve_s)
+        for m in list(too_long):
+            token = reduced_token(m, first, inflight)
+            if token is None:
+                continue
+            del too_long[m]
+            (unit,) = units([token], ccu_init)
+            if inflight and token in inflight and balls:  # stopped for time: it continues
+                epochs_done, epochs = inflight[token]
+                rest = int(round(unit[1] * (1 - epochs_done / max(epochs, 1)))) + RESUME_S
+                carried.append((unit[0], rest, unit[2]))
+            else:
+                pending.append(unit)
     calls: list[Call] = []
     dropped = []  # continued trainings no call of this lease can finish: they start over
     left = budget_s - START_S - reserve_s
@@ -489,15 +575,24 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     return calls, later, too_long, problem
 
 
-def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, most=20):
+def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, most=20,
+                  reduce=False):  # fmt: skip
     """How many whole leases (:data:`LEASE_S` each) the planner needs for the methods of the
     grid not yet committed, at today's costs, if each lease runs as planned: ``(leases, the
-    methods they run, lease by lease; the methods too long for any lease)``."""
+    methods they run, lease by lease; the methods too long for any lease)``. ``reduce``:
+    those too long run as the reduced variants that fit (:func:`plan`)."""
     assumed: set[str] = set()
     runs, too_long = [], {}
     for _ in range(most):
         calls, later, too_long, problem = plan(
-            dataset, reference, label, LEASE_S, jobs, ccu_init=ccu_init, assume_done=assumed
+            dataset,
+            reference,
+            label,
+            LEASE_S,
+            jobs,
+            ccu_init=ccu_init,
+            assume_done=assumed,
+            reduce=reduce,
         )
         ran = [m for c in calls for m in c.methods]
         if problem or not ran:
@@ -544,6 +639,42 @@ def call_limit(left: int) -> int:
     """The most work seconds a call can be planned with when ``left`` seconds of the lease
     are before it: its timeout (work + room + hard margin) and its transfers within them."""
     return min(LONGEST_WORK_S, left - CALL_OVERHEAD_S - HARD_MARGIN_S - ROOM_S)
+
+
+def reduced_token(method: str, limit: int, inflight=None) -> str | None:
+    """The reduced variant of ``method`` that fits a call of ``limit`` seconds of work
+    (training and attack): ``MCD@50`` with the most epochs that fit, a multiple of 5 (the
+    labels stay few and readable); the one in flight on the warm machine, when there is one.
+    None for CCU and the methods built on Base (no variants: :func:`variant`), and when
+    fewer than 5 epochs would fit."""
+    if method == "CCU" or needs_base(method):
+        return None
+    for token in inflight or {}:
+        if method_of(token) == method and epochs_of(token) is not None:
+            return token
+    attack = attack_cost(method)
+    for n in range(EPOCHS - 5, 4, -5):
+        if train_cost(f"{method}@{n}") + attack <= limit:
+            return f"{method}@{n}"
+    return None
+
+
+def variant_parts(reference: Path, label: str, dataset: str) -> dict[str, str]:
+    """The methods committed as reduced variants attacked in ``label``'s balls: ``{method:
+    variant label}`` from every folder of ``dataset`` whose ``balls.json`` names ``label``
+    (``absorb`` writes it, :func:`_borrow_balls`)."""
+    from ccu.store.records import CERTIFIED_IN
+
+    found = {}
+    for balls in sorted(Path(reference).glob(f"*/{dataset}/balls.json")):
+        try:
+            if json.loads(balls.read_text()).get(CERTIFIED_IN) != label:
+                continue
+        except ValueError:
+            continue
+        for m in committed_parts(balls.parent):
+            found.setdefault(m, balls.parent.parent.name)
+    return found
 
 
 def reduced_epochs(method: str, epochs: int = 100) -> int:
@@ -617,16 +748,28 @@ def print_plan(args) -> int:
             print(f"stopped for time in the last call: {what}; with --warm (its machine still "
                   "warm: the next call starts within 30 s of the last one's end) they continue, "
                   "else they start over")  # fmt: skip
-    calls, later, too_long, problem = plan(
-        args.dataset, args.reference, label, args.budget_s, args.jobs, ccu_init=bool(inits),
-        inflight=inflight if args.warm else None,
-    )  # fmt: skip
+
+    def planned(reduce):
+        return plan(
+            args.dataset, args.reference, label, args.budget_s, args.jobs, ccu_init=bool(inits),
+            inflight=inflight if args.warm else None, reduce=reduce,
+        )  # fmt: skip
+
+    calls, later, too_long, problem = planned(reduce=False)
+    # call 0 measures first what a reduced variant would be sized by: variants only after it
+    zero = call_zero(
+        args.dataset, too_long, [method_of(m) for c in calls for m in c.methods] + later
+    )
+    if not zero and too_long and not problem:
+        calls, later, too_long, problem = planned(reduce=True)
     if problem:
         print(f"[lease] error: {problem}", file=sys.stderr)
         return 3
     print(
         f"{label}/{args.dataset}: committed {len(done)} of {len(ALL)} ({', '.join(done) or 'none'})"
     )
+    for m, vl in variant_parts(args.reference, label, args.dataset).items():
+        print(f"  {m}: committed as the reduced variant {vl} (attacked in these balls)")
     packed = sorted((REPO / ".devdata" / args.dataset).glob("part-*"))
     carry = [p.relative_to(REPO).as_posix() for p in packed]
     if args.dataset != "digits" and not carry:
@@ -644,7 +787,6 @@ def print_plan(args) -> int:
         )
     commit = head_commit()
     left = args.budget_s
-    zero = call_zero(args.dataset, too_long, [m for c in calls for m in c.methods] + later)
     if zero:
         command, what = zero
         print(f"call 0 (first: {what}): command \"{command}\", carry {json.dumps(carry)}, "
@@ -666,6 +808,14 @@ def print_plan(args) -> int:
             f'call {k}: command "{env} bash tools/lease_run.sh {args.dataset} {lanes}", '
             f"carry {json.dumps(carry)}, timeout_s {timeout}   (~{call.work} s of work)"
         )
+        for token in call.methods:
+            if epochs_of(token) is not None:
+                m = method_of(token)
+                full = train_cost(m) + attack_cost(m)
+                print(f"  {token}: {m} as the reduced variant of {epochs_of(token)} epochs "
+                      f"(label {variant(args.profile, {}, args.dataset, token, label)[0]}, its "
+                      f"own folder, never shown as {label}): its {EPOCHS} epochs, ~{full} s, "
+                      "do not fit a lease")  # fmt: skip
         for m, how in call.spanning.items():
             print(f"  {m}: its training {how} here, stops after a saved epoch before the hard "
                   "limit and continues in the next call: make that call at once (the machine "
@@ -688,11 +838,15 @@ def print_plan(args) -> int:
         print("no call fits the device time left" if later or too_long else "nothing left to run")
     for m, s in too_long.items():
         n = reduced_epochs(m)
-        print(
-            f"{m}: ~{s} s, more than a lease holds even alone (two calls, its training "
-            "continued): make it faster, or run the reduced variant "
-            f"OVERRIDES='{{\"epochs\": {n}}}' (label paper-e{n}, never shown as paper)"
+        what = (
+            "after call 0 and its absorb, plan again: the reduced variant that then fits is "
+            f"planned (now it would be {m}@{n}, label paper-e{n}, never shown as paper)"
+            if zero
+            else f"no reduced variant of at least 5 epochs fits this lease's first call (in a "
+            f"whole lease: {m}@{n}, label paper-e{n})"
         )
+        print(f"{m}: ~{s} s, more than a lease holds even alone (two calls, its training "
+              f"continued): {what}")  # fmt: skip
     if later:
         print(f"for a later lease: {', '.join(later)}")
     n, runs, never = leases_needed(args.dataset, args.reference, label, args.jobs, bool(inits))
@@ -704,6 +858,13 @@ def print_plan(args) -> int:
         print(f"the grid at these costs: {n} whole lease{'s' * (n != 1)} of {LEASE_S // 60} "
               f"minutes ({each or 'none'})"
               + (f"; never in a lease as they are: {', '.join(never)}" if never else ""))  # fmt: skip
+        if never:
+            n, runs, never = leases_needed(
+                args.dataset, args.reference, label, args.jobs, bool(inits), reduce=True
+            )
+            each = "; ".join(f"{k}: {', '.join(r)}" for k, r in enumerate(runs, 1))
+            print(f"  with reduced variants for those: {n} whole lease{'s' * (n != 1)} "
+                  f"({each or 'none'})" + (f"; never: {', '.join(never)}" if never else ""))  # fmt: skip
     graphed = [m for m in GRAPHED if graphed_train_seconds(m) is not None]
     if graphed:
         print(f"{', '.join(graphed)}: planned with the inner attack in CUDA graphs "
@@ -853,11 +1014,14 @@ def absorb(files_at: Path, reference: Path, dataset: str | None = None, log=prin
         raise AbsorbError(f"no part of {dataset} in {', '.join(map(str, archives))}", 3)
     for (label, ds), files in grouped.items():  # check every folder before writing any
         _check_balls(reference_dir(reference, label, ds), files)
+    # the folders that bring balls first: a reduced variant's parts in the same call were
+    # attacked in them (:func:`_borrow_balls`)
+    order = sorted(grouped, key=lambda k: "balls.json" not in grouped[k])
     return {
         reference_dir(reference, label, ds): _absorb_folder(
-            reference_dir(reference, label, ds), files, log
+            reference_dir(reference, label, ds), grouped[(label, ds)], log
         )
-        for (label, ds), files in grouped.items()
+        for label, ds in order
     }
 
 
@@ -896,6 +1060,9 @@ def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
             missing = ", ".join(sorted(needed - set(part)))
             log(f"{method}: incomplete part ({missing} missing); not absorbed")
     take_balls, key = False, None
+    written = []
+    if not (folder / "balls.json").exists() and "balls.json" not in files:
+        written += _borrow_balls(folder, whole)
     if (folder / "balls.json").exists():
         key = json.loads((folder / "balls.json").read_text())[BALLS_KEY]
     elif "balls.json" in files:
@@ -908,7 +1075,6 @@ def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
             take_balls, key = True, incoming[BALLS_KEY]
         else:
             log(f"the balls came without the whole part of {incoming[BALLS_FROM]}: not absorbed")
-    written = []
     folder.mkdir(parents=True, exist_ok=True)
     if take_balls:
         for name in BALL_FILES:  # balls.json last: the marker
@@ -945,6 +1111,30 @@ def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
                 f"{folder}: the tables cannot be rebuilt from its parts ({exc})", 4
             ) from exc
     return written
+
+
+def _borrow_balls(folder: Path, whole: dict[str, dict[str, bytes]]) -> list[str]:
+    """A reduced variant's folder (``paper-e50/mnist``) without balls whose parts were attacked
+    in the balls committed in another label's folder of the dataset (``paper/mnist``, where
+    ``lease_run.sh`` took them): a copy of that ``balls.json`` naming the label
+    (:data:`ccu.store.records.CERTIFIED_IN`) and of ``radii.csv`` (a few KB); the arrays and
+    the certificate stay there (:func:`ccu.store.reference_results.balls_home`). The files
+    written; none when no committed folder holds those balls."""
+    from ccu.store.records import CERTIFIED_IN, PART_BALLS_KEY
+    from ccu.store.results import atomic_bytes
+
+    keys = {json.loads(part["attack.json"])[PART_BALLS_KEY] for part in whole.values()}
+    for other in sorted(folder.parent.parent.glob(f"*/{folder.name}/balls.json")):
+        record = json.loads(other.read_text())
+        if other.parent == folder or CERTIFIED_IN in record or record[BALLS_KEY] not in keys:
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        if (other.parent / "radii.csv").exists():
+            atomic_bytes(folder / "radii.csv", (other.parent / "radii.csv").read_bytes())
+        record[CERTIFIED_IN] = other.parent.parent.name
+        atomic_bytes(folder / "balls.json", (json.dumps(record, indent=1) + "\n").encode())
+        return ["radii.csv", "balls.json"]
+    return []
 
 
 def _same_run(a: bytes, b: bytes) -> bool:

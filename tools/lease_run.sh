@@ -8,7 +8,10 @@
 #   bash tools/lease_run.sh DATASET METHOD...
 #
 # The methods' lanes are split here (lease.py call), or written out with "/" between them as
-# `lease.py plan` prints them (`CCU / Base ODIN Maha / ACET`): then as given.
+# `lease.py plan` prints them (`CCU / Base ODIN Maha / ACET`): then as given. A method written
+# `MCD@50` runs as a reduced variant: 50 epochs, its own label (paper-e50) and results, its part
+# in its own folder of the archive; it is attacked in the balls of the call's profile (copied
+# into its results: CCU's certified regions do not depend on the method attacked in them).
 #
 # `python tools/lease.py plan --dataset DATASET --budget-s <budget_left_s>` prints the exact calls
 # (command, carry, timeout_s) from git's state; after each call, here:
@@ -77,6 +80,13 @@ t0=$SECONDS
 call=$(python3 tools/lease.py call "$PROFILE" "$OVERRIDES" "$ds" --jobs "$JOBS" \
   --methods "${methods[@]}") || { echo "bad PROFILE/OVERRIDES/DATASET or lanes" >&2; exit 2; }
 read -r label ensemble <<<"$call"
+# reduced variants among the methods (`MCD@50`: MCD for 50 epochs, label paper-e50, its part in
+# its own folder): their label and profile fields, from the same process ("@ TOKEN LABEL JSON")
+declare -A vlabel=() vfields=()
+while read -r _ token vl vf; do
+  vlabel[$token]=$vl
+  vfields[$token]=$vf
+done < <(grep '^@ ' <<<"$call")
 log=$OUT/$label-$ds.log
 tgz=$OUT/$label-$ds.parts.tgz
 inflight=$OUT/$label-$ds.inflight
@@ -145,10 +155,11 @@ fi
 threads=$((THREADS / JOBS > 0 ? THREADS / JOBS : 1))
 common=(--dataset "$ds" --profile "$PROFILE" --seed 0 --device "${DEVICE:-auto}" --no-progress
         --threads "$threads")
-[ -n "$OVERRIDES" ] && common+=(--overrides "$OVERRIDES")
+# the profile fields of the method a lane runs now: the call's, or its reduced variant's
+fields=$OVERRIDES
 export OMP_NUM_THREADS=$threads CCU_LANES=$JOBS
 lanes=$(mktemp -d)
-tail -n +2 <<<"$call" >"$lanes/lanes"
+tail -n +2 <<<"$call" | grep -v '^@ ' >"$lanes/lanes"
 
 pack() {  # lane k: its staged parts join the others, all in one archive replaced atomically
   (
@@ -168,16 +179,30 @@ pack() {  # lane k: its staged parts join the others, all in one archive replace
 one() {  # one step of a lane, cut at the hard limit
   local left=$((HARD_LIMIT - (SECONDS - t0)))
   [ "$left" -gt 0 ] || return 124
-  timeout -s INT -k 20 "$left" python3 -m ccu "$@" "${common[@]}"
+  local more=()
+  [ -n "$fields" ] && more=(--overrides "$fields")
+  timeout -s INT -k 20 "$left" python3 -m ccu "$@" "${common[@]}" ${more[@]+"${more[@]}"}
+}
+
+variant() {  # the profile fields of lane token $1 (the call's for a method, else its variant's)
+  fields=${vfields[$1]:-$OVERRIDES}
+}
+
+borrow_balls() {  # a reduced variant (token $1) is attacked in the balls of the call's profile
+  local vl=${vlabel[$1]:-}
+  [ -n "$vl" ] || return 0
+  local vadv=$CCU_RESULTS/$vl/$ds/seed0/adversarial
+  mkdir -p "$vadv" && cp "$adv/balls.npz" "$vadv/" && cp "$adv/balls.json" "$vadv/"
 }
 
 train() {  # lane k: one training, stopped after a saved epoch before the hard limit (75)
-  local m=$1 rc
+  local m=$1 rc  # a method, or a variant's token (`MCD@50`)
   shift
+  variant "$m"
   local until=$((HARD_LIMIT - STOP_MARGIN - (SECONDS - t0)))
   [ "$until" -gt 0 ] || return 124
   [ -n "$TRAIN_STOP_AFTER" ] && until=$TRAIN_STOP_AFTER
-  one train --method "$m" --stop-after "$until" "$@" 2>&1 | tee "$lanes/train-$m.out"
+  one train --method "${m%%@*}" --stop-after "$until" "$@" 2>&1 | tee "$lanes/train-$m.out"
   rc=${PIPESTATUS[0]}
   # a training that continued from this machine's checkpoint adds to the seconds and calls
   # kept from the calls before; one that started afresh starts them again
@@ -200,11 +225,13 @@ await() {  # wait for file $1 unless $2 appears first (then 3) or the hard limit
 }
 
 finish() {  # lane k: attack a trained method in the balls, write its part, send it with the rest
-  local m=$1 rc
+  local m=$1 rc  # a method, or a variant's token
+  variant "$m"
+  borrow_balls "$m" || { echo "1 $m (the balls could not be copied for its variant)" >"$lanes/rc-$k"; return 1; }
   # one process: the attack, then the part (`ccu attack --part-out`, as `ccu part` writes it)
   read -r wall calls <"$lanes/train-seconds-$m"
   CCU_TRAIN_WALL_SECONDS=$wall CCU_TRAIN_CALLS=$calls \
-    one attack --method "$m" --part-out "$lanes/stage-$k" ||
+    one attack --method "${m%%@*}" --part-out "$lanes/stage-$k" ||
     { echo "$? $m attack (or its part)" >"$lanes/rc-$k"; return 1; }
   if [ "$with_ccu" = 1 ] && [ "$m" != CCU ]; then  # CCU's part (with the balls) goes first
     await "$lanes/ccu-packed" "$lanes/ccu-ended"
@@ -234,8 +261,9 @@ while read -r lane; do
     pending=()
     for m in $lane; do
       began=$SECONDS
-      if [ "$m" = DE ] && [ "$MEMBER_LANES" = 1 ]; then  # every member at once, then DE
+      if [ "${m%%@*}" = DE ] && [ "$MEMBER_LANES" = 1 ]; then  # every member at once, then DE
         members=()
+        variant "$m"
         for i in $(seq 0 $((ensemble - 1))); do
           one train --method DE --member "$i" &
           members+=($!)

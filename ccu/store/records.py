@@ -78,6 +78,10 @@ CCU_BOUND_VIOLATIONS = "ccu_bound_violations"
 METHODS = "methods"
 #: the certifying method whose certified balls are attacked (``"CCU"`` when it ran)
 BALLS_FROM = "balls_from"
+#: a reduced variant's folder (``paper-e50``, :func:`ccu.store.reference_results.assemble_reference`)
+#: holds a copy of ``balls.json`` with the label whose folder holds the balls and their
+#: method's part: its parts were attacked in those balls
+CERTIFIED_IN = "certified_in"
 #: ``balls.json`` (:mod:`ccu.run.balls`) besides the summary: the balls' key (what each attack's key
 #: is built from), the sha256 of ``balls.npz``, and the files of the run that certified them
 BALLS_KEY, BALLS_ARRAYS_SHA256, BALL_RUN_FILES = "balls_key", "balls_npz_sha256", "ball_run_files"

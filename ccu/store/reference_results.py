@@ -28,6 +28,10 @@ A run on a lent GPU commits one method at a time, as it finishes, as a *part* (`
 
 and :func:`assemble_reference` builds ``table1.json`` and ``figure2.npz`` from the parts
 present (a partial grid lists the methods it has), so no model is needed for the tables.
+A reduced variant's folder (``paper-e50/mnist``: a method too long for a lease, trained for
+fewer epochs) holds its parts, attacked in the balls of the full profile, with a copy of
+``balls.json`` that names the label holding them (``certified_in``) and of ``radii.csv``; the
+balls' arrays and their method's certificate are read from there (:func:`balls_home`).
 
 Every file is written with the results store's atomic writes (:func:`ccu.store.results.atomic_bytes`).
 This module alone spells these names; :func:`load_reference` reads them back.
@@ -188,9 +192,17 @@ def assemble_reference(directory: Path) -> dict | None:
     drop = (BALLS_KEY, BALLS_ARRAYS_SHA256, BALL_RUN_FILES)
     table1 = {k: v for k, v in record.items() if k not in drop}
     ball_method = table1[BALLS_FROM]
-    if ball_method not in parts:  # its certificate is part of Table 1: no table without it
+    home = balls_home(d)  # a reduced variant's: the folder of the balls and their method
+    if home != d:
+        ball_part = method_file(home, ball_method, ATTACK)
+        if not ball_part.exists() or not method_file(home, ball_method, CONFIG).exists():
+            return None
+        ball_row = json.loads(ball_part.read_text())
+    elif ball_method in parts:
+        ball_row = parts[ball_method]
+    else:  # its certificate is part of Table 1: no table without it
         return None
-    table1.update(ball_certificate_summary(parts[ball_method][PART_ROW][CERTIFICATE]))
+    table1.update(ball_certificate_summary(ball_row[PART_ROW][CERTIFICATE]))
     table1[METHODS] = {n: parts[n][PART_ROW] for n in names}
     prov = {n: parts[n][PART_PROVENANCE] for n in names}
 
@@ -218,7 +230,7 @@ def assemble_reference(directory: Path) -> dict | None:
     write_table1(d, table1)
     radii = np.loadtxt(d / RADII, ndmin=1)
     certified = ~np.isnan(radii)
-    seed = json.loads(method_file(d, ball_method, CONFIG).read_text()).get("seed", 0)
+    seed = json.loads(method_file(home, ball_method, CONFIG).read_text()).get("seed", 0)
     dataset = d.name  # <label>/<dataset>/
     centres = uniform_noise(record[N_CENTRES], get_spec(dataset).shape, seed + CENTRE_SEED_OFFSET)
     arrays = {"seed": centres.numpy()[certified][:FIGURE2_BALLS]}
@@ -230,6 +242,35 @@ def assemble_reference(directory: Path) -> dict | None:
     np.savez_compressed(buf, **arrays)
     store.atomic_bytes(d / FIGURE2, buf.getvalue())
     return table1
+
+
+def balls_home(directory: Path) -> Path:
+    """The folder whose balls a reference folder's parts were attacked in: itself, or for a
+    reduced variant (``paper-e50/mnist``, its ``balls.json`` a copy naming
+    :data:`ccu.store.records.CERTIFIED_IN`) the folder of the label that certified them
+    (``paper/mnist``: the balls' arrays and their method's part are there, not copied).
+    :class:`ccu.store.results.CorruptResultError` when that folder holds other balls."""
+    import json
+
+    from ccu.store.records import BALLS_KEY, CERTIFIED_IN
+
+    d = Path(directory)
+    record = json.loads((d / store.BALLS).read_text())
+    label = record.get(CERTIFIED_IN)
+    if not label:
+        return d
+    home = d.parent.parent / label / d.name
+    try:
+        theirs = json.loads((home / store.BALLS).read_text())[BALLS_KEY]
+    except (OSError, ValueError, KeyError) as exc:
+        raise store.CorruptResultError(
+            f"{d / store.BALLS} says its balls are those of {home}, which has none ({exc})"
+        ) from exc
+    if theirs != record[BALLS_KEY]:
+        raise store.CorruptResultError(
+            f"{d / store.BALLS} names the balls of {home}, which holds other balls"
+        )
+    return home
 
 
 # ----------------------------------------------------------------------------- reading

@@ -17,8 +17,10 @@ import pytest
 from helpers import built_once, checkpoint_content
 
 from ccu import cli
+from ccu.core.errors import CorruptResultError
 from ccu.run import reference
 from ccu.run.config import get_profile
+from ccu.store.reference_results import assemble_reference
 from ccu.store.results import ResultConflictError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +108,7 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     # lease 1 ends after its first part: CCU's, which carries the balls, always goes first
     # (the Base lane waits for it to be sent); Base is lost
     cut, out = lease_run(tmp_path, "A", ref, METHODS, jobs=2, LEASE_KILL_AFTER_PARTS="1")
-    assert cut.returncode != 0
+    assert cut.returncode != 0 and list(out.glob("*.parts.tgz")), cut.stdout + cut.stderr
     lease.absorb(out, ref)
     folder = ref / LABEL / "digits"
     assert lease.committed_parts(folder) == ["CCU"]
@@ -122,7 +124,9 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     stray = tmp_path / "parts-B" / LABEL / "digits" / ".Base.config.json.123.tmp"
     stray.parent.mkdir(parents=True)
     stray.write_text("half a file")
-    run, out = lease_run(tmp_path, "B", ref, ["Base"])
+    # beside it, EDL as a reduced variant (``EDL@2``: 2 epochs, its own label), attacked in
+    # the same committed balls
+    run, out = lease_run(tmp_path, "B", ref, ["Base", "/", "EDL@2"])
     assert run.returncode == 0, run.stdout + run.stderr
     assert "attacks in the committed balls" in (out / f"{LABEL}-digits.log").read_text()
     lease.absorb(out, ref)
@@ -130,6 +134,43 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     mine, theirs = _results(folder), _results(whole_lease(tmp_path_factory))
     theirs.pop("CCU.guarantees.json")  # lease 1 ended before CCU's guarantees: in flight, lost
     assert mine == theirs
+    check_the_reduced_variant(ref, folder, tmp_path)
+
+
+def check_the_reduced_variant(ref: Path, folder: Path, tmp_path: Path):
+    """EDL@2's part is in its own folder, never in the profile's: a copy of the balls' record
+    naming the label that holds them (not their arrays), Table 1 with EDL's row and CCU's
+    certificate from there; the plan counts EDL as done; a variant whose balls are committed
+    nowhere is not absorbed, and one whose record names a folder without them is corrupt."""
+    two = ref / get_profile("smoke", "digits", **dict(TINY, epochs=2)).label / "digits"
+    assert lease.committed_parts(two) == ["EDL"] and not (two / "balls.npz").exists()
+    assert json.loads((two / "EDL.config.json").read_text())["profile"]["epochs"] == 2
+    record = json.loads((two / "balls.json").read_text())
+    assert record.pop("certified_in") == LABEL
+    assert record == json.loads((folder / "balls.json").read_text())
+    table = json.loads((two / "table1.json").read_text())
+    base = json.loads((folder / "table1.json").read_text())
+    assert list(table["methods"]) == ["EDL"] and table["certified_in"] == LABEL
+    assert {k: table[k] for k in base if k.startswith("ccu_")} == {
+        k: v for k, v in base.items() if k.startswith("ccu_")
+    }
+    assert lease.variant_parts(ref, LABEL, "digits") == {"EDL": two.parent.name}
+    calls, later, too_long, _ = lease.plan("digits", ref, LABEL, budget_s=900, jobs=2)
+    assert "EDL" not in [m for c in calls for m in c.methods] + later + list(too_long)
+    # sent again to a reference without the profile's balls: nowhere to be attacked in
+    came = tmp_path / "came"
+    came.mkdir()
+    with tarfile.open(came / "x.parts.tgz", "w:gz") as tf:
+        tf.add(two, arcname=f"{two.parent.name}/digits", filter=lambda t: None
+               if t.name.endswith(("balls.json", "radii.csv", "table1.json")) else t)  # fmt: skip
+    said = []
+    lease.absorb(came, tmp_path / "elsewhere", log=said.append)
+    assert not lease.committed_parts(tmp_path / "elsewhere" / two.parent.name / "digits")
+    assert any("EDL: attacked in balls that are not committed here" in s for s in said)
+    record["certified_in"] = "nosuch-label"  # names a folder without these balls
+    (two / "balls.json").write_text(json.dumps(record))
+    with pytest.raises(CorruptResultError, match="which has none"):
+        assemble_reference(two)
 
 
 @pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
@@ -334,6 +375,52 @@ def test_the_long_methods_are_timed_alone_in_call_0_then_planned_from_it(tmp_pat
     assert "bench_epochs.py" not in capsys.readouterr().out  # measured: no call 0 for it
     (came / lease.EPOCHS_BENCH.name).write_text('{"MCD": 2.0}')
     assert lease.main(argv) == 4 and json.loads(lease.EPOCHS_BENCH.read_text()) == timed
+
+
+def test_a_method_too_long_for_any_lease_runs_as_a_reduced_variant_once_call_0_measured(
+    tmp_path, capsys
+):
+    """Issue 38 item 4: a method that no lease holds even alone runs as the reduced variant
+    that fits the lease's first call (``MCD@35``: label ``paper-e35``, a multiple of 5 epochs),
+    beside the others, once call 0 has measured what it is sized by; before, the plan says so
+    and plans none. One stopped for time on a warm machine continues as it started."""
+    ref = tmp_path / "ref"
+    folder = ref / "paper" / "mnist"
+    folder.mkdir(parents=True)
+    for name in ("balls.json", "balls.npz"):
+        (folder / name).write_text("{}")
+    for m in ("CCU", "Base", "ODIN", "Maha", "EDL", "OE"):  # as committed on 2026-11-28
+        for kind in ("attack.json", "config.json"):
+            (folder / f"{m}.{kind}").write_text("{}")
+    plan = ["plan", "--dataset", "mnist", "--reference", str(ref), "--budget-s", "900"]
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out
+    assert "call 0" in said and "@" not in said.split("call 1")[1].split("\n")[0]
+    assert "after call 0 and its absorb, plan again: the reduced variant" in said
+    lease.EPOCHS_BENCH.parent.mkdir(parents=True)
+    lease.GRAPHS_BENCH.write_text(json.dumps({"eager_ms_per_batch": 1, "checks": {}}))
+    timed = {m: {"full_epoch_s": s} for m, s in
+             {"MCD": 12.0, "GAN": 15.0, "DE": 1.5, "ACET": 30.0, "ACET2": 30.0}.items()}  # fmt: skip
+    lease.EPOCHS_BENCH.write_text(json.dumps({"by_method": timed}))
+    calls, later, too_long, _ = lease.plan("mnist", ref, "paper", 900, 5, reduce=True)
+    (call,) = calls
+    assert not too_long and not later and call.work <= lease.LONGEST_WORK_S
+    variants = [m for m in call.methods if "@" in m]
+    assert {lease.method_of(m) for m in variants} == {"MCD", "GAN", "ACET", "ACET2"}
+    assert "DE" in call.methods and all(lease.epochs_of(m) % 5 == 0 for m in variants)
+    for m in variants:  # the most epochs that fit: 5 more would not
+        more = f"{lease.method_of(m)}@{lease.epochs_of(m) + 5}"
+        assert lease.train_cost(more) + lease.attack_cost(more) > call.work
+    assert lease.main([*plan, "--jobs", "5"]) == 0
+    said = capsys.readouterr().out
+    assert "call 0" not in said and f"lease_run.sh mnist {' / '.join(call.methods)}" in said
+    n = lease.epochs_of(variants[0])
+    assert f"as the reduced variant of {n} epochs (label paper-e{n}" in said
+    # stopped for time on the warm machine: it continues as the variant it started as
+    calls, *_ = lease.plan("mnist", ref, "paper", 900, 5, inflight={"MCD@20": (10, 20)},
+                           reduce=True)  # fmt: skip
+    assert calls[0].lanes[0] == ["MCD@20"]
+    assert [m for c in calls for m in c.methods if m.startswith("MCD")] == ["MCD@20"]
 
 
 def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
@@ -593,6 +680,19 @@ def test_a_calls_label_and_lanes_come_from_one_process_and_bad_input_is_one_line
         assert lease.main(["call", *bad, "--jobs", "1", "--methods", "Base"]) == 2, bad
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("[lease] error: "), err
+    # a reduced variant (``EDL@2``): its label and profile fields, after the lanes
+    argv = ["call", "smoke", json.dumps(TINY), "digits", "--jobs", "2", "--methods"]
+    assert lease.main([*argv, "CCU", "/", "Base", "/", "EDL@2"]) == 0
+    fields = dict(TINY, epochs=2)
+    two = get_profile("smoke", "digits", **fields).label
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "CCU", "Base", "EDL@2", f"@ EDL@2 {two} {json.dumps(fields, separators=(',', ':'))}"
+    ]  # fmt: skip
+    # no variant of CCU (its balls are what variants are attacked in), of ODIN or Maha
+    # (Base's), of the profile's own epochs, or of a method already in the call
+    for bad in (["CCU@2"], ["ODIN@2"], ["EDL@1"], ["EDL", "EDL@2"], ["Nosuch@2"], ["EDL@0"]):
+        assert lease.main([*argv, *bad]) == 2, bad
+        assert capsys.readouterr().err.startswith("[lease] error: "), bad
 
 
 def test_a_call_without_parts_still_keeps_its_log_without_machine_paths(tmp_path, capsys):
