@@ -147,10 +147,14 @@ def cmd_train(args) -> int:
             + ("trained" if done else "the run is finished already")
         )
         return EXIT_OK
+    if args.finish_by is not None and args.stop_after is None:
+        raise UsageError("--finish-by needs --stop-after (the call's own limit) too.")
     if args.stop_after is None:
         stamp = steps.train_one(spec, _root(args), data=data)
     else:
-        stamp = steps.train_timeboxed(spec, args.stop_after, _root(args), data=data)
+        stamp = steps.train_timeboxed(
+            spec, args.stop_after, _root(args), data=data, finish_by=args.finish_by
+        )
     how = "loaded" if stamp[LOADED] else "trained"
     print(
         f"{args.method} on {args.dataset} (profile {spec.profile.name}, seed {args.seed}): {how} "
@@ -367,11 +371,13 @@ def _exit_code(exc: Exception) -> int:
     """The exit code of an error a step raised (:data:`EXIT_CODES`), said on stderr; re-raises
     an unexpected one."""
     from ccu.data import CorruptDataError, DataNotFoundError
-    from ccu.run.deadline import StopForTime
+    from ccu.run.deadline import NotInTime, StopForTime
     from ccu.store.results import CorruptResultError, ResultConflictError
 
     if isinstance(exc, StopForTime):
         _say(f"{exc}: what finished is saved (results, the last epoch's checkpoint)")
+        if isinstance(exc, NotInTime):  # tools/lease_run.sh reads this line
+            _say(f"not in time: {exc.epoch_seconds:.4f} s an epoch")
         _say(STOPPED_MESSAGE)
         return EXIT_STOPPED
     for kinds, code in (

@@ -155,6 +155,16 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
                 "with exit code 75; the same command continues; the wall time goes into "
                 "run_times.json",
             )
+            if name == "train":
+                p.add_argument(
+                    "--finish-by",
+                    type=float,
+                    metavar="SECONDS",
+                    help="with --stop-after: stop after epoch 2 or 3 (exit code 75, saying "
+                    "'not in time: S s an epoch') when the epochs left, each as long as the "
+                    "last, would end past this many seconds (tools/lease_run.sh then runs a "
+                    "reduced variant with as many epochs as fit)",
+                )
         p.set_defaults(func=func)
 
     p = sub.add_parser(

@@ -12,6 +12,8 @@
 # `MCD@50` runs as a reduced variant: 50 epochs, its own label (paper-e50) and results, its part
 # in its own folder of the archive; it is attacked in the balls of the call's profile (copied
 # into its results: CCU's certified regions do not depend on the method attacked in them).
+# A variant that its epochs 2 and 3 say would not finish in time (`ccu train --finish-by`) starts
+# again at once, once, with as many epochs as fit (FINISH_ATTACK_S, below).
 #
 # `python tools/lease.py plan --dataset DATASET --budget-s <budget_left_s>` prints the exact calls
 # (command, carry, timeout_s) from git's state; after each call, here:
@@ -63,7 +65,13 @@ KILL_AFTER=${LEASE_KILL_AFTER_PARTS:-0}
 MEMBER_LANES=${MEMBER_LANES:-1}
 STOP_MARGIN=${STOP_MARGIN:-20}
 TRAIN_STOP_AFTER=${TRAIN_STOP_AFTER:-}
-for v in JOBS HARD_LIMIT STOP_MARGIN; do
+# a reduced variant is timed over its first epochs (`ccu train --finish-by`): one that would not
+# leave FINISH_ATTACK_S (its attack, part and a restart) before the stop starts again at once
+# with as many epochs as fit (a multiple of 5 from 10 on; at least VARIANT_MIN_EPOCHS), once
+FINISH_ATTACK_S=${FINISH_ATTACK_S:-120}
+VARIANT_MIN_EPOCHS=${VARIANT_MIN_EPOCHS:-5}
+TRAIN_FINISH_BY=${TRAIN_FINISH_BY:-}
+for v in JOBS HARD_LIMIT STOP_MARGIN FINISH_ATTACK_S VARIANT_MIN_EPOCHS; do
   case ${!v} in
     '' | *[!0-9]* | 0) echo "$v must be a positive whole number, not '${!v}'" >&2; exit 2 ;;
   esac
@@ -202,12 +210,41 @@ train() {  # lane k: one training, stopped after a saved epoch before the hard l
   local until=$((HARD_LIMIT - STOP_MARGIN - (SECONDS - t0)))
   [ "$until" -gt 0 ] || return 124
   [ -n "$TRAIN_STOP_AFTER" ] && until=$TRAIN_STOP_AFTER
-  one train --method "${m%%@*}" --stop-after "$until" "$@" 2>&1 | tee "$lanes/train-$m.out"
+  local by=()
+  if [ -n "${vlabel[$m]:-}" ] && [ -z "${resized[$m]:-}" ]; then  # a variant, not yet resized
+    local finish=$((${until%.*} - FINISH_ATTACK_S))
+    [ -n "$TRAIN_FINISH_BY" ] && finish=$TRAIN_FINISH_BY
+    [ "${finish%.*}" -gt 0 ] 2>/dev/null || [ -n "$TRAIN_FINISH_BY" ] && by=(--finish-by "$finish")
+  fi
+  one train --method "${m%%@*}" --stop-after "$until" ${by[@]+"${by[@]}"} "$@" 2>&1 |
+    tee "$lanes/train-$m.out"
   rc=${PIPESTATUS[0]}
   # a training that continued from this machine's checkpoint adds to the seconds and calls
   # kept from the calls before; one that started afresh starts them again
   grep -q "continues from its epoch checkpoint" "$lanes/train-$m.out" || rm -f "$spans/$m"
   return "$rc"
+}
+
+declare -A resized=()
+resize() {  # variant token $1 would not finish (`not in time`): the token that fits, in $new
+  local m=$1 es n0 left n line
+  es=$(grep -oE "not in time: [0-9.]+ s an epoch" "$lanes/train-$m.out" | tail -1 | cut -d' ' -f4)
+  [ -n "$es" ] || return 1
+  n0=${m##*@}
+  left=$((HARD_LIMIT - STOP_MARGIN - (SECONDS - t0) - FINISH_ATTACK_S))
+  # 5 % to spare on the measured epochs; a multiple of 5 from 10 on; fewer than before
+  n=$(awk -v l="$left" -v e="$es" -v n0="$n0" 'BEGIN { n = int(l / (1.05 * e));
+    if (n >= 10) n -= n % 5; if (n >= n0) n = n0 - 1; print (n > 0 ? n : 0) }')
+  if [ "$n" -lt "$VARIANT_MIN_EPOCHS" ]; then
+    echo "lease_run: $m would not finish in this call ($es s an epoch), not even at $VARIANT_MIN_EPOCHS epochs"
+    return 1
+  fi
+  new=${m%%@*}@$n
+  line=$(python3 tools/lease.py call "$PROFILE" "$OVERRIDES" "$ds" --jobs 1 --methods "$new" |
+    grep '^@ ') || return 1
+  read -r _ _ "vlabel[$new]" "vfields[$new]" <<<"$line"
+  resized[$new]=$m
+  echo "lease_run: $m would not finish in this call ($es s an epoch): it runs as $new instead"
 }
 
 spanned() {  # "SECONDS CALLS" of method $1 with this call's $2 seconds
@@ -276,6 +313,12 @@ while read -r lane; do
         train "$m"
       fi
       rc=$?
+      if [ "$rc" = 75 ] && resize "$m"; then  # a variant sized anew from its measured epochs
+        m=$new
+        began=$SECONDS
+        train "$m"
+        rc=$?
+      fi
       if [ "$rc" = 75 ]; then  # stopped after a saved epoch: the next call continues it
         spanned "$m" $((SECONDS - began)) >"$spans/$m"
         read -r secs _ <"$spans/$m"

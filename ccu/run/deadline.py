@@ -39,15 +39,49 @@ class StopForTime(Exception):
         super().__init__(f"stopped for time{spent} ({where})")
 
 
+class NotInTime(StopForTime):
+    """A training that, timed over its first epochs, would end past its ``finish_by`` (the
+    last moment its attack can still follow within the call): stopped after a saved epoch,
+    with its measured :attr:`epoch_seconds`, so that the caller can start it again with as
+    many epochs as fit (``tools/lease_run.sh``: a reduced variant sized anew)."""
+
+    def __init__(self, where: str, deadline: Deadline, epoch_seconds: float):
+        self.epoch_seconds = epoch_seconds
+        super().__init__(where, deadline)
+
+
 class Deadline:
     """``seconds`` from now (on ``clock``). :meth:`check` after each saved unit of work (an
     epoch) stops when one more unit as long as the last would end after the deadline; a unit
-    is timed from the previous check (or :meth:`stop_if_passed`, or the start)."""
+    is timed from the previous check (or :meth:`stop_if_passed`, or the start).
 
-    def __init__(self, seconds: float, clock: Callable[[], float] | None = None):
+    ``finish_by`` (seconds from now, at most ``seconds``): after unit 2 (the first is timed
+    with the start's one-off costs), and again after unit 3, :meth:`check` also stops with
+    :class:`NotInTime` when the units left, each as long as the last, would end past it.
+
+    >>> t = [0.0]
+    >>> d = Deadline(100, clock=lambda: t[0], finish_by=50)
+    >>> t[0] = 10; d.check(1, 10)    # unit 1: not judged
+    >>> t[0] = 16; d.check(2, 10)    # 6 s a unit: 8 more end at 64 s, past 50 s
+    Traceback (most recent call last):
+    ...
+    ccu.run.deadline.NotInTime: stopped for time after 16 s of 100 s (after 2 of 10; the 8 left, 6 s each, would end at 64 s, past 50 s)
+    """
+
+    #: the units after which ``finish_by`` is judged (the first is not: it holds set-up costs)
+    judged_units = (2, 3)
+
+    def __init__(self, seconds: float, clock: Callable[[], float] | None = None,
+                 finish_by: float | None = None):  # fmt: skip
         if not seconds > 0:
             raise ValueError(f"a deadline needs a positive number of seconds, not {seconds!r}.")
+        if finish_by is not None and not 0 < finish_by <= seconds:
+            raise ValueError(
+                f"finish_by must be positive and at most the deadline's {seconds:g} s, "
+                f"not {finish_by!r}."
+            )
         self.seconds = float(seconds)
+        self.finish_by = None if finish_by is None else float(finish_by)
         self._clock = clock
         self.start = self.now()
         self.end = self.start + self.seconds
@@ -89,6 +123,15 @@ class Deadline:
         if now + step > self.end:
             where = f"after {done} of {total}" if done is not None else "after a saved step"
             raise StopForTime(f"{where}; the next would end past the deadline", self)
+        if self.finish_by is not None and done in self.judged_units:
+            ends = now + (total - done) * step - self.start
+            if ends > self.finish_by:
+                raise NotInTime(
+                    f"after {done} of {total}; the {total - done} left, {step:.3g} s each, "
+                    f"would end at {ends:.0f} s, past {self.finish_by:g} s",
+                    self,
+                    step,
+                )
 
     def epoch_callback(self) -> EpochDeadline:
         """The ``on_epoch_end`` of a training under this deadline (:class:`EpochDeadline`)."""

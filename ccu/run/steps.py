@@ -248,18 +248,25 @@ def trained_methods(spec: RunSpec, root=None) -> list[str]:
     return found
 
 
-def train_timeboxed(spec: RunSpec, stop_after: float, root=None, data=None) -> dict:
+def train_timeboxed(spec: RunSpec, stop_after: float, root=None, data=None,
+                    finish_by: float | None = None) -> dict:  # fmt: skip
     """``ccu train --stop-after``: :func:`train_one` under a deadline of ``stop_after`` seconds
     (:class:`ccu.run.deadline.StopForTime` after a saved epoch when another would end past it; the
     same call again resumes; ``data``: loaded already, e.g. for the balls after it), its wall
     time counted in the run's :class:`RunTimes` as
     :func:`run_seed` counts it, so that methods trained in several processes at once and then
-    loaded by ``ccu run`` keep their times."""
+    loaded by ``ccu run`` keep their times. ``finish_by`` (``--finish-by``): stopped early, with
+    :class:`ccu.run.deadline.NotInTime`, when its first epochs say it would end past that."""
     from ccu.run import deadline as time_box
     from ccu.store import results as store
 
     check_time_flags(stop_after, None)
-    box = TimeBox(time_box.Deadline(stop_after))
+    if finish_by is not None and not 0 < finish_by <= stop_after:
+        raise UsageError(
+            f"--finish-by must be positive and at most --stop-after ({stop_after:g}), "
+            f"not {finish_by:g}."
+        )
+    box = TimeBox(time_box.Deadline(stop_after, finish_by=finish_by))
     times = RunTimes(store.seed_dir(spec.profile, spec.dataset, spec.seed, root))
     return _train_timed(times, spec, root, data=data, on_epoch_end=box.on_epoch_end)
 

@@ -124,11 +124,15 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
     stray = tmp_path / "parts-B" / LABEL / "digits" / ".Base.config.json.123.tmp"
     stray.parent.mkdir(parents=True)
     stray.write_text("half a file")
-    # beside it, EDL as a reduced variant (``EDL@2``: 2 epochs, its own label), attacked in
-    # the same committed balls
-    run, out = lease_run(tmp_path, "B", ref, ["Base", "/", "EDL@2"])
+    # beside it, EDL as a reduced variant (``EDL@3``: 3 epochs, its own label), attacked in
+    # the same committed balls; timed over its first 2 epochs it would not finish in time
+    # (``TRAIN_FINISH_BY``: as a slow one would not), so it runs again at once as ``EDL@2``
+    run, out = lease_run(tmp_path, "B", ref, ["Base", "/", "EDL@3"], TRAIN_FINISH_BY="0.001",
+                         VARIANT_MIN_EPOCHS="1")  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "attacks in the committed balls" in (out / f"{LABEL}-digits.log").read_text()
+    said = (out / f"{LABEL}-digits.log").read_text()
+    assert "attacks in the committed balls" in said
+    assert "EDL@3 would not finish in this call" in said and "runs as EDL@2 instead" in said
     lease.absorb(out, ref)
     assert lease.committed_parts(folder) == ["Base", "CCU"]
     mine, theirs = _results(folder), _results(whole_lease(tmp_path_factory))
@@ -138,7 +142,7 @@ def test_a_lease_cut_short_keeps_what_finished_and_the_next_resumes_to_the_same_
 
 
 def check_the_reduced_variant(ref: Path, folder: Path, tmp_path: Path):
-    """EDL@2's part is in its own folder, never in the profile's: a copy of the balls' record
+    """EDL@2's part (EDL@3 sized anew) is in its own folder, never in the profile's: a copy of the balls' record
     naming the label that holds them (not their arrays), Table 1 with EDL's row and CCU's
     certificate from there; the plan counts EDL as done; a variant whose balls are committed
     nowhere is not absorbed, and one whose record names a folder without them is corrupt."""

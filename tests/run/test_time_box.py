@@ -66,6 +66,43 @@ def test_a_deadline_times_units_from_the_last_check_or_lap():
         Deadline(0)
 
 
+def test_a_training_that_would_not_finish_by_its_time_says_so_after_its_second_epoch():
+    """``finish_by`` (``ccu train --finish-by``; tools/lease_run.sh sizes a reduced variant
+    anew from it): judged after units 2 and 3 only, from the last unit's length; the
+    deadline's own stop still holds; bad values are refused."""
+    clock = FakeClock()
+    d = Deadline(100, clock, finish_by=60)
+    clock.t = 40
+    d.check(1, 10)  # 40 s, set-up included: not judged
+    clock.t = 45
+    with pytest.raises(time_box.NotInTime, match="the 8 left, 5 s each, would end at 85 s"):
+        d.check(2, 10)  # 5 s a unit: 8 more end at 85, past 60
+
+
+def test_finish_by_is_judged_after_the_second_and_third_units_only():
+    clock = FakeClock()
+    d = Deadline(100, clock, finish_by=60)
+    clock.t = 40
+    d.check(1, 4)  # 3 more of 40 s would end at 160: unit 1 is not judged
+    clock.t = 45
+    d.check(2, 4)  # 5 s a unit: 2 more end at 55
+    clock.t = 60
+    with pytest.raises(time_box.NotInTime, match="the 1 left, 15 s each, would end at 75") as info:
+        d.check(3, 4)
+    assert info.value.epoch_seconds == 15 and isinstance(info.value, StopForTime)
+    clock.t = 0
+    d = Deadline(100, clock, finish_by=60)
+    for unit in (1, 2, 3):
+        clock.t += 1
+        d.check(unit, 50)  # 1 s a unit: fine at 2 and 3 (all 50 would end at 50 s) ...
+    clock.t = 30
+    d.check(4, 50)  # ... and not judged again (27 s: 46 more would end long past 60 s); the
+    # deadline's own stop is what is left: the next unit would end at 57 s, before 100 s
+    for bad in (0, 101):
+        with pytest.raises(ValueError, match="finish_by"):
+            Deadline(100, finish_by=bad)
+
+
 def test_the_time_box_gives_the_training_the_deadline_check_as_its_epoch_callback(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(time_box, "clock", clock)
@@ -176,6 +213,11 @@ def test_stop_after_and_budget_seconds_do_not_mix(tmp_path, capsys):
     assert _run(tmp_path, tmp_path, "--stop-after", "-1") == cli.EXIT_USAGE
     assert "positive" in capsys.readouterr().err
     assert cli.EXIT_STOPPED == 75 and "run the same command again" in cli.EXIT_CODES[75]
+    train = ["train", "--dataset", "digits", "--method", "Base", "--results", str(tmp_path)]
+    assert cli.main([*train, "--finish-by", "5"]) == cli.EXIT_USAGE
+    assert "--finish-by needs --stop-after" in capsys.readouterr().err
+    assert cli.main([*train, "--stop-after", "5", "--finish-by", "9"]) == cli.EXIT_USAGE
+    assert "at most --stop-after" in capsys.readouterr().err
 
 
 def test_a_stop_inside_training_is_caught_and_its_time_kept(tmp_path, monkeypatch, capsys):
