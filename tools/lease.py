@@ -760,8 +760,10 @@ def print_plan(args) -> int:
     zero = call_zero(
         args.dataset, too_long, [method_of(m) for c in calls for m in c.methods] + later
     )
-    if not zero and too_long and not problem:
+    if (not zero or args.reduce) and too_long and not problem:
         calls, later, too_long, problem = planned(reduce=True)
+        if args.reduce:
+            zero = None  # the variants are sized from what is known: no call 0 before them
     if problem:
         print(f"[lease] error: {problem}", file=sys.stderr)
         return 3
@@ -849,6 +851,10 @@ def print_plan(args) -> int:
               f"continued): {what}")  # fmt: skip
     if later:
         print(f"for a later lease: {', '.join(later)}")
+        if calls and len(calls[0].lanes) == args.jobs:
+            print(f"  (every one of the {args.jobs} lanes is taken: with --jobs "
+                  f"{args.jobs + len(later)} more of them may fit this lease; a lane is a "
+                  "process on the GPU and its share of the machine's 16 cores)")  # fmt: skip
     n, runs, never = leases_needed(args.dataset, args.reference, label, args.jobs, bool(inits))
     if args.dataset not in ("mnist", "digits"):  # COST_S: MNIST's LeNet (and VGG13) runs
         print(f"(these costs are MNIST's, measured with its LeNet: {args.dataset}'s network "
@@ -1342,6 +1348,10 @@ def main(argv=None) -> int:
             p.add_argument("--warm", action="store_true",
                            help="the device machine is still warm (its last call ended under "
                            "30 s ago): trainings stopped for time in it continue")  # fmt: skip
+            p.add_argument("--reduce", action="store_true",
+                           help="plan the reduced variants of the methods no lease holds now, "
+                           "from the costs known, without waiting for call 0's measurements "
+                           "(e.g. when call 0 failed)")  # fmt: skip
         else:
             p.add_argument("--no-commit", dest="commit", action="store_false",
                            help="unpack and rebuild the tables, do not commit")  # fmt: skip

@@ -401,6 +401,9 @@ def test_a_method_too_long_for_any_lease_runs_as_a_reduced_variant_once_call_0_m
     said = capsys.readouterr().out
     assert "call 0" in said and "@" not in said.split("call 1")[1].split("\n")[0]
     assert "after call 0 and its absorb, plan again: the reduced variant" in said
+    assert lease.main([*plan, "--reduce"]) == 0  # call 0 failed: variants from what is known
+    said = capsys.readouterr().out
+    assert "call 0" not in said and "MCD@" in said and "as the reduced variant of" in said
     lease.EPOCHS_BENCH.parent.mkdir(parents=True)
     lease.GRAPHS_BENCH.write_text(json.dumps({"eager_ms_per_batch": 1, "checks": {}}))
     timed = {m: {"full_epoch_s": s} for m, s in
