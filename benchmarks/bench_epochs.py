@@ -8,8 +8,16 @@ VGG13 for MCD and GAN; ACET's inner attack in CUDA graphs where :mod:`ccu.method
 turns them on), one after another in one process, on ``--batches`` batches (an epoch of
 ``n_train = batches x batch size``) for two epochs, and takes the second epoch (the first holds
 cuDNN's and the graphs' set-up), scaled to a full epoch of the dataset. DE is timed as one
-member (``ensemble`` 1): its members train at once, each in a process of its own. Nothing is
-saved but the JSON; ``tools/lease.py absorb`` commits it as
+member (``ensemble`` 1): its members train at once, each in a process of its own.
+
+Then the trained model's Table 1 attack is timed (``--attack``, on by default): the attack of
+the paper's protocol (every certified ball x 50 restarts) in the committed balls of
+``reference-results/paper/<dataset>/`` (else as many uniform-noise balls of radius 1 under the
+identity metric), run for 5 and for 10 PGD steps; the difference gives the seconds a step,
+which scaled to the protocol's 500 steps plus what both runs share is ``attack_full_s``. MCD
+scores seven dropout passes of a VGG13 per step, so its attack may cost far more than a LeNet's
+(~40 s): until measured it is a guess (``tools/lease.py``'s ``COST_S``). Nothing is saved but
+the JSON; ``tools/lease.py absorb`` commits it as
 ``benchmarks/timings/epochs_<dataset>_gpu.json`` and ``plan`` then uses these epochs for the
 methods it holds (``tools/lease.py``'s ``alone_train_seconds``).
 
@@ -36,10 +44,68 @@ import torch
 METHODS = ("MCD", "GAN", "DE", "ACET", "ACET2")
 
 
-def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, seed=0) -> dict:
+#: the attack's runs timed: their step counts (the difference gives the seconds a step)
+ATTACK_STEPS = (5, 10)
+
+
+def attack_alone(m, prof, shape, balls_dir, centres: int | None = None, seed: int = 0) -> dict:
+    """Seconds of the Table 1 attack (``prof``'s restarts and steps) on the trained method
+    ``m`` (images of ``shape``): run for each of :data:`ATTACK_STEPS` steps in the balls of
+    ``balls_dir`` (or, when it holds none, ``centres`` uniform-noise balls of radius 1, the
+    identity metric), the
+    seconds a step from their difference, scaled to ``prof.attack_steps``."""
+    from ccu.core.metric import Mahalanobis
+    from ccu.data.images import uniform_noise
+    from ccu.run.adversarial_noise import TABLE1_GRADIENT, attack_method
+    from ccu.run.balls import Balls
+
+    if balls_dir is not None and Balls.exists(balls_dir):
+        balls = Balls.load(balls_dir)
+        x0, radii, metric = balls.centres[balls.ok], balls.radii[balls.ok], balls.metric
+        where = "committed"
+    else:
+        n = centres or prof.n_centres
+        x0 = uniform_noise(n, shape, seed + 1000)
+        radii = torch.ones(n, dtype=torch.float64)
+        d = math.prod(shape)
+        metric = Mahalanobis(torch.ones(d), torch.eye(d))
+        where = "uniform noise, radius 1, identity metric"
+    if centres is not None:
+        x0, radii = x0[:centres], radii[:centres]
+    m.model.eval()
+    metric = metric.to(m.device)
+    seconds = []
+    for steps in ATTACK_STEPS:
+        _sync(m.device)
+        began = time.perf_counter()
+        attack_method(m, x0, radii, metric, steps, prof.attack_restarts, seed,
+                      gradient=TABLE1_GRADIENT)  # fmt: skip
+        _sync(m.device)
+        seconds.append(time.perf_counter() - began)
+    (a, b), (sa, sb) = ATTACK_STEPS, seconds
+    per_step = max(sb - sa, 0.0) / (b - a)
+    shared = max(sa - a * per_step, 0.0)
+    return {
+        "balls": where,
+        "iterates": len(x0) * prof.attack_restarts,
+        "steps_timed": list(ATTACK_STEPS),
+        "seconds": seconds,
+        "ms_per_step": 1e3 * per_step,
+        "attack_full_s": shared + per_step * prof.attack_steps,
+    }
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, seed=0,
+                attack: bool = False, balls_dir=None, centres=None) -> dict:  # fmt: skip
     """``method`` trained for two epochs of ``batches`` batches of ``data_all`` (``dataset``
     loaded once for every method) at the ``paper`` profile: its second epoch's seconds, per
-    batch and scaled to the whole training set."""
+    batch and scaled to the whole training set; with ``attack``, its attack timed too
+    (:func:`attack_alone`)."""
     from ccu.methods import get_method
     from ccu.run.config import get_profile
 
@@ -56,7 +122,7 @@ def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, 
     batches = math.ceil(n_train / batch)
     per_batch = history.seconds[-1] / batches
     steps = math.ceil(len(data_all.train_x) / batch)
-    return {
+    out = {
         "network": m.network_kind(),
         "batches": batches,
         "epoch_seconds": list(history.seconds),
@@ -65,6 +131,12 @@ def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, 
         "full_epoch_s": per_batch * steps,
         **m.training_record(),  # how it ran, e.g. ACET's inner attack in CUDA graphs or not
     }
+    if attack:
+        try:
+            out["attack"] = attack_alone(m, prof, data.spec.shape, balls_dir, centres, seed)
+        except Exception as exc:  # the epoch's numbers stand without it
+            out["attack"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
 
 
 def main(argv=None) -> dict:
@@ -74,11 +146,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--batches", type=int, default=30, help="batches an epoch (default 30)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", help="write the numbers as JSON here")
+    ap.add_argument("--no-attack", dest="attack", action="store_false",
+                    help="time the epochs only, not each method's Table 1 attack")  # fmt: skip
+    ap.add_argument("--balls", help="the balls to attack in (default: the committed ones of "
+                    "reference-results/paper/<dataset>/, else uniform-noise balls)")  # fmt: skip
+    ap.add_argument("--attack-centres", type=int,
+                    help="attack only this many of the balls (a check on the CPU)")  # fmt: skip
     args = ap.parse_args(argv)
     os.environ.setdefault("CCU_PROGRESS", "0")
     import ccu
     from ccu.data.registry import load_dataset
-    from ccu.store.reference_results import current_commit
+    from ccu.store.reference_results import REFERENCE_RESULTS, current_commit
+
+    balls_dir = args.balls or REFERENCE_RESULTS / "paper" / args.dataset
 
     data = load_dataset(args.dataset, seed=0)  # once: each method takes its batches from it
     out = {
@@ -98,7 +178,9 @@ def main(argv=None) -> dict:
     for method in args.methods:
         began = time.perf_counter()
         try:
-            timed = epoch_alone(data, args.dataset, method, args.batches, args.device)
+            timed = epoch_alone(data, args.dataset, method, args.batches, args.device,
+                                attack=args.attack, balls_dir=balls_dir,
+                                centres=args.attack_centres)  # fmt: skip
         except Exception as exc:  # one method's failure must not cost the others' numbers
             timed = {"error": f"{type(exc).__name__}: {exc}"}
         timed["wall_seconds"] = time.perf_counter() - began

@@ -132,6 +132,30 @@ def alone_train_seconds(method: str, bench: Path | None = None) -> int | None:
     return int(round(fixed + EPOCHS * float(timed["full_epoch_s"])))
 
 
+#: seconds of an attack's process outside the attack itself: its start, the data and the model
+#: loaded, the part written (the 2026-11-28 lease: 54-56 s an attack in four lanes, 39-40 s of
+#: it the attack alone)
+ATTACK_FIXED_S = 20
+#: DE's members, each attacked in every step of its attack (call 0 times one member's)
+DE_MEMBERS = 5
+
+
+def alone_attack_seconds(method: str, bench: Path | None = None) -> int | None:
+    """``method``'s attack and part from its attack timed alone on the GPU in call 0
+    (:data:`EPOCHS_BENCH`'s ``attack``: the protocol's 500 steps extrapolated from 5 and 10),
+    plus :data:`ATTACK_FIXED_S`; DE's: its one timed member times :data:`DE_MEMBERS`. None
+    without the benchmark or its attack for ``method``."""
+    bench = Path(bench) if bench is not None else EPOCHS_BENCH
+    if method not in ALONE or not bench.exists():
+        return None
+    timed = (json.loads(bench.read_text()).get("by_method") or {}).get(method) or {}
+    attack = timed.get("attack") or {}
+    if "attack_full_s" not in attack:
+        return None
+    members = DE_MEMBERS if method == "DE" else 1
+    return int(round(ATTACK_FIXED_S + members * float(attack["attack_full_s"])))
+
+
 def graphed_train_seconds(method: str, bench: Path | None = None) -> int | None:
     """``method``'s training and scoring seconds with its inner attack in CUDA graphs: the
     epoch :data:`COST_S` measured eagerly, less the eager inner attacks of an epoch as the
@@ -173,8 +197,12 @@ def train_cost(method: str, ccu_init: bool = False) -> int:
 
 
 def attack_cost(method: str) -> int:
-    """Planned device seconds of ``method``'s attack and part (:data:`COST_S`; a reduced
-    variant's: its method's)."""
+    """Planned device seconds of ``method``'s attack and part: timed in call 0
+    (:func:`alone_attack_seconds`) with :data:`SAFETY`, else :data:`COST_S`; a reduced
+    variant's: its method's."""
+    timed = alone_attack_seconds(method_of(method))
+    if timed is not None:
+        return int(round(timed * SAFETY))
     return COST_S.get(method_of(method), (600, 30))[1]
 
 
@@ -243,8 +271,10 @@ def given_lanes(methods: list[str]) -> list[list[str]] | None:
 
 def call_command(args) -> int:
     """``call``: the first line ``<profile label> <DE's members>``, then one line per lane (as
-    given with ``/``, :func:`given_lanes`, else :func:`call_lanes`); one process where the
-    call once started two (each a torch import)."""
+    given with ``/``, :func:`given_lanes`, else :func:`call_lanes`), then one per reduced
+    variant: ``@ TOKEN LABEL FIELDS ATTACK_SECONDS`` (its label, profile fields as JSON, and
+    the seconds its attack and part are planned at: what ``lease_run.sh`` leaves for them);
+    one process where the call once started two (each a torch import)."""
     from ccu.run.config import get_profile
 
     try:
@@ -265,8 +295,8 @@ def call_command(args) -> int:
     print(prof.label, prof.ensemble)
     for lane in lanes:
         print(" ".join(lane))
-    for token, (label, fields) in variants.items():
-        print("@", token, label, json.dumps(fields, separators=(",", ":")))
+    for token, (label, fields) in variants.items():  # and its attack's planned seconds
+        print("@", token, label, json.dumps(fields, separators=(",", ":")), attack_cost(token))
     return 0
 
 

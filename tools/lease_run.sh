@@ -66,8 +66,9 @@ MEMBER_LANES=${MEMBER_LANES:-1}
 STOP_MARGIN=${STOP_MARGIN:-20}
 TRAIN_STOP_AFTER=${TRAIN_STOP_AFTER:-}
 # a reduced variant is timed over its first epochs (`ccu train --finish-by`): one that would not
-# leave FINISH_ATTACK_S (its attack, part and a restart) before the stop starts again at once
-# with as many epochs as fit (a multiple of 5 from 10 on; at least VARIANT_MIN_EPOCHS), once
+# leave its attack's planned seconds (`lease.py call`; FINISH_ATTACK_S when not said) before the
+# stop starts again at once with as many epochs as fit after its restart (15 s more), a
+# multiple of 5 from 10 on, at least VARIANT_MIN_EPOCHS; once
 FINISH_ATTACK_S=${FINISH_ATTACK_S:-120}
 VARIANT_MIN_EPOCHS=${VARIANT_MIN_EPOCHS:-5}
 TRAIN_FINISH_BY=${TRAIN_FINISH_BY:-}
@@ -90,10 +91,11 @@ call=$(python3 tools/lease.py call "$PROFILE" "$OVERRIDES" "$ds" --jobs "$JOBS" 
 read -r label ensemble <<<"$call"
 # reduced variants among the methods (`MCD@50`: MCD for 50 epochs, label paper-e50, its part in
 # its own folder): their label and profile fields, from the same process ("@ TOKEN LABEL JSON")
-declare -A vlabel=() vfields=()
-while read -r _ token vl vf; do
+declare -A vlabel=() vfields=() vattack=()
+while read -r _ token vl vf va; do
   vlabel[$token]=$vl
   vfields[$token]=$vf
+  vattack[$token]=$va  # its attack's and part's planned seconds: left for them after training
 done < <(grep '^@ ' <<<"$call")
 log=$OUT/$label-$ds.log
 tgz=$OUT/$label-$ds.parts.tgz
@@ -212,7 +214,7 @@ train() {  # lane k: one training, stopped after a saved epoch before the hard l
   [ -n "$TRAIN_STOP_AFTER" ] && until=$TRAIN_STOP_AFTER
   local by=()
   if [ -n "${vlabel[$m]:-}" ] && [ -z "${resized[$m]:-}" ]; then  # a variant, not yet resized
-    local finish=$((${until%.*} - FINISH_ATTACK_S))
+    local finish=$((${until%.*} - ${vattack[$m]:-$FINISH_ATTACK_S}))
     [ -n "$TRAIN_FINISH_BY" ] && finish=$TRAIN_FINISH_BY
     [ "${finish%.*}" -gt 0 ] 2>/dev/null || [ -n "$TRAIN_FINISH_BY" ] && by=(--finish-by "$finish")
   fi
@@ -231,7 +233,7 @@ resize() {  # variant token $1 would not finish (`not in time`): the token that 
   es=$(grep -oE "not in time: [0-9.]+ s an epoch" "$lanes/train-$m.out" | tail -1 | cut -d' ' -f4)
   [ -n "$es" ] || return 1
   n0=${m##*@}
-  left=$((HARD_LIMIT - STOP_MARGIN - (SECONDS - t0) - FINISH_ATTACK_S))
+  left=$((HARD_LIMIT - STOP_MARGIN - (SECONDS - t0) - ${vattack[$m]:-$FINISH_ATTACK_S} - 15))
   # 5 % to spare on the measured epochs; a multiple of 5 from 10 on; fewer than before
   n=$(awk -v l="$left" -v e="$es" -v n0="$n0" 'BEGIN { n = int(l / (1.05 * e));
     if (n >= 10) n -= n % 5; if (n >= n0) n = n0 - 1; print (n > 0 ? n : 0) }')
@@ -242,7 +244,7 @@ resize() {  # variant token $1 would not finish (`not in time`): the token that 
   new=${m%%@*}@$n
   line=$(python3 tools/lease.py call "$PROFILE" "$OVERRIDES" "$ds" --jobs 1 --methods "$new" |
     grep '^@ ') || return 1
-  read -r _ _ "vlabel[$new]" "vfields[$new]" <<<"$line"
+  read -r _ _ "vlabel[$new]" "vfields[$new]" "vattack[$new]" <<<"$line"
   resized[$new]=$m
   echo "lease_run: $m would not finish in this call ($es s an epoch): it runs as $new instead"
 }

@@ -15,7 +15,8 @@ spec.loader.exec_module(bench_epochs)
 
 def test_each_method_is_timed_alone_and_a_failure_is_recorded_not_raised(tmp_path):
     out = tmp_path / "epochs.json"
-    argv = ["--dataset", "digits", "--batches", "2", "--device", "cpu", "--out", str(out)]
+    argv = ["--dataset", "digits", "--batches", "2", "--device", "cpu", "--out", str(out),
+            "--attack-centres", "2"]  # fmt: skip
     timed = bench_epochs.main([*argv, "--methods", "DE", "NoSuch", "ACET"])
     assert json.loads(out.read_text()) == json.loads(json.dumps(timed))
     de, acet = timed["by_method"]["DE"], timed["by_method"]["ACET"]
@@ -24,4 +25,8 @@ def test_each_method_is_timed_alone_and_a_failure_is_recorded_not_raised(tmp_pat
         assert t["full_epoch_s"] > t["epoch_seconds"][1] > 0
     assert acet["inner_attack"]["cuda_graphs"] is False  # on the CPU: eager
     assert "error" in timed["by_method"]["NoSuch"]
+    for t in (de, acet):  # its attack: 5 and 10 steps timed, the protocol's 500 extrapolated
+        attack = t["attack"]
+        assert attack["steps_timed"] == [5, 10] and attack["iterates"] == 2 * 50
+        assert attack["attack_full_s"] >= attack["seconds"][0] > 0
     assert len(timed["data_checksum"]) == 64 and timed["ccu_version"] and timed["commit"]

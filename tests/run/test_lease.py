@@ -365,12 +365,19 @@ def test_the_long_methods_are_timed_alone_in_call_0_then_planned_from_it(tmp_pat
     assert "MCD" in lease.plan("mnist", ref, "paper", 900, 4, ccu_init=True)[2]
     came = tmp_path / "call0"
     came.mkdir()
-    timed = {"by_method": {"MCD": {"full_epoch_s": 2.0}, "GAN": {"error": "OOM"}}}
+    timed = {"by_method": {"MCD": {"full_epoch_s": 2.0, "attack": {"attack_full_s": 100.0}},
+                           "DE": {"full_epoch_s": 1.5, "attack": {"attack_full_s": 10.0}},
+                           "GAN": {"error": "OOM"}}}  # fmt: skip
     (came / lease.EPOCHS_BENCH.name).write_text(json.dumps(timed))
     argv = ["absorb", str(came), "--reference", str(ref), "--no-commit"]
     assert lease.main(argv) == 0 and json.loads(lease.EPOCHS_BENCH.read_text()) == timed
     assert lease.alone_train_seconds("MCD") == lease.ACET_FIXED_S + 200
     assert lease.alone_train_seconds("GAN") is None  # its error: COST_S as before
+    # the attacks timed there too: MCD's (seven VGG13 passes a step) and DE's (five members)
+    assert lease.attack_cost("MCD") == round((lease.ATTACK_FIXED_S + 100) * lease.SAFETY)
+    assert lease.attack_cost("MCD@20") == lease.attack_cost("MCD")
+    assert lease.alone_attack_seconds("DE") == lease.ATTACK_FIXED_S + 5 * 10
+    assert lease.attack_cost("GAN") == lease.COST_S["GAN"][1]
     assert lease.train_cost("MCD") == round((lease.ACET_FIXED_S + 200) * lease.SAFETY)
     calls, _, too_long, _ = lease.plan("mnist", ref, "paper", 900, 4, ccu_init=True)
     assert "MCD" not in too_long and "GAN" in too_long
@@ -693,7 +700,8 @@ def test_a_calls_label_and_lanes_come_from_one_process_and_bad_input_is_one_line
     fields = dict(TINY, epochs=2)
     two = get_profile("smoke", "digits", **fields).label
     assert capsys.readouterr().out.splitlines()[1:] == [
-        "CCU", "Base", "EDL@2", f"@ EDL@2 {two} {json.dumps(fields, separators=(',', ':'))}"
+        "CCU", "Base", "EDL@2",
+        f"@ EDL@2 {two} {json.dumps(fields, separators=(',', ':'))} {lease.attack_cost('EDL')}",
     ]  # fmt: skip
     # no variant of CCU (its balls are what variants are attacked in), of ODIN or Maha
     # (Base's), of the profile's own epochs, or of a method already in the call
