@@ -757,7 +757,7 @@ def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, st
             "python3 benchmarks/bench_epochs.py "
             f"--dataset {dataset} --methods {' '.join(alone)} --out $OUT/{EPOCHS_BENCH.name}"
         )
-        what.append(f"an epoch of {', '.join(alone)}, each alone")
+        what.append(f"an epoch and the attack of {', '.join(alone)}, each alone")
     return ("; ".join(steps), "; ".join(what)) if steps else None
 
 
@@ -822,7 +822,7 @@ def print_plan(args) -> int:
     if zero:
         command, what = zero
         print(f"call 0 (first: {what}): command \"{command}\", carry {json.dumps(carry)}, "
-              "timeout_s 240   (~120 s)")  # fmt: skip
+              "timeout_s 300   (~150 s)")  # fmt: skip
         print(
             "  then here at once (the machine is wiped after 30 s idle; the data gathered there "
             "stays for the next call): python tools/lease.py absorb <files_at> (commits "
