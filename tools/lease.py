@@ -430,7 +430,10 @@ class Call(NamedTuple):
 def spannable(group: list[str]) -> bool:
     """Whether a unit's training may stop after a saved epoch and continue in the next call
     (``ccu train --stop-after``): not CCU (every other lane waits for its balls) and not DE
-    (its members train to their end, each in a process of its own)."""
+    (its members train to their end, each in a process of its own), and not a reduced variant
+    (sized to its call: on the device it is sized anew, not continued, when it would not end)."""
+    if any(epochs_of(m) is not None for m in group):  # a variant is sized to finish in its call
+        return False
     return not ({"CCU", "DE"} & {method_of(m) for m in group})
 
 
@@ -790,7 +793,8 @@ def print_plan(args) -> int:
     zero = call_zero(
         args.dataset, too_long, [method_of(m) for c in calls for m in c.methods] + later
     )
-    if (not zero or args.reduce) and too_long and not problem:
+    # reduced variants of the paper's protocol only (EPOCHS is its epochs)
+    if (not zero or args.reduce) and too_long and not problem and args.profile == "paper":
         calls, later, too_long, problem = planned(reduce=True)
         if args.reduce:
             zero = None  # the variants are sized from what is known: no call 0 before them
@@ -1164,9 +1168,10 @@ def _borrow_balls(folder: Path, whole: dict[str, dict[str, bytes]]) -> list[str]
         record = json.loads(other.read_text())
         if other.parent == folder or CERTIFIED_IN in record or record[BALLS_KEY] not in keys:
             continue
+        if not (other.parent / "radii.csv").exists():  # the tables need it: not there, not here
+            continue
         folder.mkdir(parents=True, exist_ok=True)
-        if (other.parent / "radii.csv").exists():
-            atomic_bytes(folder / "radii.csv", (other.parent / "radii.csv").read_bytes())
+        atomic_bytes(folder / "radii.csv", (other.parent / "radii.csv").read_bytes())
         record[CERTIFIED_IN] = other.parent.parent.name
         atomic_bytes(folder / "balls.json", (json.dumps(record, indent=1) + "\n").encode())
         return ["radii.csv", "balls.json"]

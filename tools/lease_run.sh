@@ -41,7 +41,8 @@
 # (SIGKILL to every lane) once N parts are packed: what the tests use to cut a lease short.
 # A training that would not end before HARD_LIMIT stops by itself after a saved epoch
 # (`ccu train --stop-after`: HARD_LIMIT less STOP_MARGIN, 20 s, less the time spent; at most
-# TRAIN_STOP_AFTER seconds when set, as the tests do) and continues from that checkpoint in
+# TRAIN_STOP_AFTER seconds when set, as the tests do; a variant's `--finish-by`: at most
+# TRAIN_FINISH_BY seconds when set, as the tests do) and continues from that checkpoint in
 # the next call of the same lease: the machine keeps CCU_RESULTS while it is warm (it is wiped
 # after 30 s idle: a training whose machine was wiped starts over, and says so). Such a method
 # sends no part; it is listed, with its epochs done, in $OUT/<label>-<dataset>.inflight
@@ -70,9 +71,11 @@ TRAIN_STOP_AFTER=${TRAIN_STOP_AFTER:-}
 # stop starts again at once with as many epochs as fit after its restart (15 s more), a
 # multiple of 5 from 10 on, at least VARIANT_MIN_EPOCHS; once
 FINISH_ATTACK_S=${FINISH_ATTACK_S:-120}
+SCORE_S=${SCORE_S:-15}  # a training's scoring after its last epoch, or a restart's start
+owed=0  # per lane: the planned seconds of its trained methods' attacks still to come
 VARIANT_MIN_EPOCHS=${VARIANT_MIN_EPOCHS:-5}
 TRAIN_FINISH_BY=${TRAIN_FINISH_BY:-}
-for v in JOBS HARD_LIMIT STOP_MARGIN FINISH_ATTACK_S VARIANT_MIN_EPOCHS; do
+for v in JOBS HARD_LIMIT STOP_MARGIN FINISH_ATTACK_S VARIANT_MIN_EPOCHS SCORE_S; do
   case ${!v} in
     '' | *[!0-9]* | 0) echo "$v must be a positive whole number, not '${!v}'" >&2; exit 2 ;;
   esac
@@ -201,8 +204,14 @@ variant() {  # the profile fields of lane token $1 (the call's for a method, els
 borrow_balls() {  # a reduced variant (token $1) is attacked in the balls of the call's profile
   local vl=${vlabel[$1]:-}
   [ -n "$vl" ] || return 0
-  local vadv=$CCU_RESULTS/$vl/$ds/seed0/adversarial
-  mkdir -p "$vadv" && cp "$adv/balls.npz" "$vadv/" && cp "$adv/balls.json" "$vadv/"
+  local vadv=$CCU_RESULTS/$vl/$ds/seed0/adversarial f
+  mkdir -p "$vadv" || return 1
+  # each file replaced whole (another lane's variant of the same label may be reading them),
+  # and not at all when it is the same; balls.json, the marker, last
+  for f in balls.npz balls.json; do
+    cmp -s "$adv/$f" "$vadv/$f" && continue
+    cp "$adv/$f" "$vadv/.$f.$k.tmp" && mv -f "$vadv/.$f.$k.tmp" "$vadv/$f" || return 1
+  done
 }
 
 train() {  # lane k: one training, stopped after a saved epoch before the hard limit (75)
@@ -214,7 +223,9 @@ train() {  # lane k: one training, stopped after a saved epoch before the hard l
   [ -n "$TRAIN_STOP_AFTER" ] && until=$TRAIN_STOP_AFTER
   local by=()
   if [ -n "${vlabel[$m]:-}" ] && [ -z "${resized[$m]:-}" ]; then  # a variant, not yet resized
-    local finish=$((${until%.*} - ${vattack[$m]:-$FINISH_ATTACK_S}))
+    # its attack, the attacks of the lane's trained methods still waiting for the balls
+    # (they go first), and its scoring after the last epoch (SCORE_S)
+    local finish=$((${until%.*} - ${vattack[$m]:-$FINISH_ATTACK_S} - owed - SCORE_S))
     [ -n "$TRAIN_FINISH_BY" ] && finish=$TRAIN_FINISH_BY
     [ "${finish%.*}" -gt 0 ] 2>/dev/null || [ -n "$TRAIN_FINISH_BY" ] && by=(--finish-by "$finish")
   fi
@@ -233,7 +244,9 @@ resize() {  # variant token $1 would not finish (`not in time`): the token that 
   es=$(grep -oE "not in time: [0-9.]+ s an epoch" "$lanes/train-$m.out" | tail -1 | cut -d' ' -f4)
   [ -n "$es" ] || return 1
   n0=${m##*@}
-  left=$((HARD_LIMIT - STOP_MARGIN - (SECONDS - t0) - ${vattack[$m]:-$FINISH_ATTACK_S} - 15))
+  # its restart (process, data: as long as its scoring), epochs, scoring, its attack and those
+  # waiting before it
+  left=$((HARD_LIMIT - STOP_MARGIN - (SECONDS - t0) - ${vattack[$m]:-$FINISH_ATTACK_S} - owed - 2 * SCORE_S))
   # 5 % to spare on the measured epochs; a multiple of 5 from 10 on; fewer than before
   n=$(awk -v l="$left" -v e="$es" -v n0="$n0" 'BEGIN { n = int(l / (1.05 * e));
     if (n >= 10) n -= n % 5; if (n >= n0) n = n0 - 1; print (n > 0 ? n : 0) }')
@@ -298,6 +311,7 @@ while read -r lane; do
     # train one method after another; attack each at once when the balls are there, else
     # after the lane's last training, once CCU's lane has certified them
     pending=()
+    owed=0  # planned seconds of the pending methods' attacks (each FINISH_ATTACK_S)
     for m in $lane; do
       began=$SECONDS
       if [ "${m%%@*}" = DE ] && [ "$MEMBER_LANES" = 1 ]; then  # every member at once, then DE
@@ -336,6 +350,7 @@ while read -r lane; do
         finish "$m" || exit
       else
         pending+=("$m")
+        owed=$((owed + FINISH_ATTACK_S))
       fi
     done
     for m in ${pending[@]+"${pending[@]}"}; do

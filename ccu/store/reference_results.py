@@ -198,6 +198,10 @@ def assemble_reference(directory: Path) -> dict | None:
         if not ball_part.exists() or not method_file(home, ball_method, CONFIG).exists():
             return None
         ball_row = json.loads(ball_part.read_text())
+        if ball_row[PART_BALLS_KEY] != key:
+            raise store.CorruptResultError(
+                f"{ball_part} certified other balls than {d / store.BALLS} names"
+            )
     elif ball_method in parts:
         ball_row = parts[ball_method]
     else:  # its certificate is part of Table 1: no table without it

@@ -377,6 +377,7 @@ def test_the_long_methods_are_timed_alone_in_call_0_then_planned_from_it(tmp_pat
     assert lease.attack_cost("MCD") == round((lease.ATTACK_FIXED_S + 100) * lease.SAFETY)
     assert lease.attack_cost("MCD@20") == lease.attack_cost("MCD")
     assert lease.alone_attack_seconds("DE") == lease.ATTACK_FIXED_S + 5 * 10
+    assert get_profile("paper", "mnist").ensemble == lease.DE_MEMBERS
     assert lease.attack_cost("GAN") == lease.COST_S["GAN"][1]
     assert lease.train_cost("MCD") == round((lease.ACET_FIXED_S + 200) * lease.SAFETY)
     calls, _, too_long, _ = lease.plan("mnist", ref, "paper", 900, 4, ccu_init=True)
