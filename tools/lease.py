@@ -495,10 +495,14 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     fits this lease's first call (:func:`reduced_token`, ``MCD@50``: label ``paper-e50``, its
     own folder, attacked in this label's balls); without it, such a method is only named in
     ``too_long``. A method committed as a variant in this label's balls
-    (:func:`variant_parts`) counts as done."""
+    (:func:`variant_parts`) counts as done while it does not fit a lease whole."""
     folder = reference_dir(reference, label, dataset)
-    done = set(committed_parts(folder)) | set(variant_parts(reference, label, dataset))
-    done |= {method_of(m) for m in assume_done}
+    done = set(committed_parts(folder)) | {method_of(m) for m in assume_done}
+    # a method committed as a reduced variant is done, unless it now fits a lease whole: then
+    # it runs at the full protocol (its part goes beside the others; the variant stays)
+    whole_lease = max(budget_s, LEASE_S)
+    done |= {m for m in variant_parts(reference, label, dataset)
+             if m not in done and not fits_a_lease(units([m], ccu_init)[0], whole_lease)}  # fmt: skip
     todo = [m for m in ALL if m not in done]
     balls = (
         "CCU" in assume_done or (folder / "balls.json").exists() and (folder / "balls.npz").exists()

@@ -436,6 +436,24 @@ def test_a_method_too_long_for_any_lease_runs_as_a_reduced_variant_once_call_0_m
                            reduce=True)  # fmt: skip
     assert calls[0].lanes[0] == ["MCD@20"]
     assert [m for c in calls for m in c.methods if m.startswith("MCD")] == ["MCD@20"]
+    # committed as MCD@35: done while MCD does not fit a lease whole; at the full protocol
+    # once it does (measured faster, here 2 s an epoch)
+    e35 = ref / "paper-e35" / "mnist"
+    e35.mkdir(parents=True)
+    (e35 / "balls.json").write_text(json.dumps({"certified_in": "paper"}))
+    for kind in ("attack.json", "config.json"):
+        (e35 / f"MCD.{kind}").write_text("{}")
+    assert lease.variant_parts(ref, "paper", "mnist") == {"MCD": "paper-e35"}
+    planned = [
+        m for c in lease.plan("mnist", ref, "paper", 900, 5, reduce=True)[0] for m in c.methods
+    ]
+    assert not any(m.startswith("MCD") for m in planned)
+    timed["MCD"]["full_epoch_s"] = 2.0
+    lease.EPOCHS_BENCH.write_text(json.dumps({"by_method": timed}))
+    planned = [
+        m for c in lease.plan("mnist", ref, "paper", 900, 5, reduce=True)[0] for m in c.methods
+    ]
+    assert "MCD" in planned
 
 
 def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
