@@ -116,16 +116,21 @@ ALONE = ("MCD", "GAN", "DE", "ACET", "ACET2")
 OUTSIDE_EPOCHS_S = {"DE": 45}
 
 
+def _timed_alone(method: str, bench: Path | None = None) -> dict:
+    """Call 0's numbers for ``method`` (:data:`EPOCHS_BENCH`, or ``bench``); empty without."""
+    bench = Path(bench) if bench is not None else EPOCHS_BENCH
+    if method not in ALONE or not bench.exists():
+        return {}
+    return (json.loads(bench.read_text()).get("by_method") or {}).get(method) or {}
+
+
 def alone_train_seconds(method: str, bench: Path | None = None) -> int | None:
     """``method``'s training and scoring seconds from its epoch timed alone on the GPU (the
     committed :data:`EPOCHS_BENCH`; DE: one member's epoch, its members training at once):
     what it adds to the epochs (:data:`OUTSIDE_EPOCHS_S`) plus 100 of them. None without the
     benchmark or its number for ``method``. Alone: four lanes at once may be slower, which
     SAFETY and a training's stop after a saved epoch (continued in the next call) absorb."""
-    bench = Path(bench) if bench is not None else EPOCHS_BENCH
-    if method not in ALONE or not bench.exists():
-        return None
-    timed = (json.loads(bench.read_text()).get("by_method") or {}).get(method) or {}
+    timed = _timed_alone(method, bench)
     if "full_epoch_s" not in timed:
         return None
     fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S)
@@ -145,11 +150,7 @@ def alone_attack_seconds(method: str, bench: Path | None = None) -> int | None:
     (:data:`EPOCHS_BENCH`'s ``attack``: the protocol's 500 steps extrapolated from 5 and 10),
     plus :data:`ATTACK_FIXED_S`; DE's: its one timed member times :data:`DE_MEMBERS`. None
     without the benchmark or its attack for ``method``."""
-    bench = Path(bench) if bench is not None else EPOCHS_BENCH
-    if method not in ALONE or not bench.exists():
-        return None
-    timed = (json.loads(bench.read_text()).get("by_method") or {}).get(method) or {}
-    attack = timed.get("attack") or {}
+    attack = _timed_alone(method, bench).get("attack") or {}
     if "attack_full_s" not in attack:
         return None
     members = DE_MEMBERS if method == "DE" else 1
@@ -498,11 +499,11 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     (:func:`variant_parts`) counts as done while it does not fit a lease whole."""
     folder = reference_dir(reference, label, dataset)
     done = set(committed_parts(folder)) | {method_of(m) for m in assume_done}
+    whole = max(budget_s, LEASE_S)  # a lease as long as this one, or a whole one
     # a method committed as a reduced variant is done, unless it now fits a lease whole: then
     # it runs at the full protocol (its part goes beside the others; the variant stays)
-    whole_lease = max(budget_s, LEASE_S)
     done |= {m for m in variant_parts(reference, label, dataset)
-             if m not in done and not fits_a_lease(units([m], ccu_init)[0], whole_lease)}  # fmt: skip
+             if m not in done and not fits_a_lease(units([m], ccu_init)[0], whole)}  # fmt: skip
     todo = [m for m in ALL if m not in done]
     balls = (
         "CCU" in assume_done or (folder / "balls.json").exists() and (folder / "balls.npz").exists()
@@ -517,13 +518,10 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         return [], todo, {}, problem
     pending = units(todo, ccu_init)
     carried = []  # (unit with its training left, started) continuing from the last call
-    for group, train, attack in list(pending):
-        if inflight and group[0] in inflight and spannable(group) and balls:
-            epochs_done, epochs = inflight[group[0]]
-            rest = int(round(train * (1 - epochs_done / max(epochs, 1)))) + RESUME_S
-            carried.append((group, rest, attack))
-            pending.remove((group, train, attack))
-    whole = max(budget_s, LEASE_S)  # a lease as long as this one, or a whole one
+    for unit in list(pending):
+        if inflight and unit[0][0] in inflight and spannable(unit[0]) and balls:
+            carried.append(continued(unit, inflight[unit[0][0]]))
+            pending.remove(unit)
     too_long = {m: t + a for g, t, a in pending if not fits_a_lease((g, t, a), whole) for m in g}
     pending = [u for u in pending if u[0][0] not in too_long]
     if reduce:
@@ -535,9 +533,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
             del too_long[m]
             (unit,) = units([token], ccu_init)
             if inflight and token in inflight and balls:  # stopped for time: it continues
-                epochs_done, epochs = inflight[token]
-                rest = int(round(unit[1] * (1 - epochs_done / max(epochs, 1)))) + RESUME_S
-                carried.append((unit[0], rest, unit[2]))
+                carried.append(continued(unit, inflight[token]))
             else:
                 pending.append(unit)
     calls: list[Call] = []
@@ -639,6 +635,14 @@ def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, mos
         if not later:
             break
     return len(runs), runs, sorted(too_long)
+
+
+def continued(unit, progress: tuple[int, int]):
+    """``unit`` stopped for time after ``progress`` = (epochs done, epochs) on a machine still
+    warm: the unit with the training it has left, its restart (:data:`RESUME_S`) included."""
+    group, train, attack = unit
+    epochs_done, epochs = progress
+    return (group, int(round(train * (1 - epochs_done / max(epochs, 1)))) + RESUME_S, attack)
 
 
 def _span(unit, continuing: bool, lanes, spanning, jobs: int, limit: int, after: int) -> bool:
