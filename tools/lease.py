@@ -17,7 +17,11 @@ parts' provenance records every run's own seconds), biggest first, in up to ``--
 a method that no lease holds even alone runs, once call 0 has measured the long methods, as
 the reduced variant that fits the lease's first call (``MCD@45`` in the printed lanes: 45
 epochs, label ``paper-e45``, its own folder, attacked in ``paper``'s balls, never mixed with
-``paper``; a committed variant counts as done). Standard library and
+``paper``; a committed variant counts as done). On a dataset no lease has measured
+(FMNIST, CIFAR-10) the costs are MNIST's scaled by the committed benchmark of its network
+(:func:`estimated_seconds`) until its own call 0 times them (:func:`epochs_bench`); a CCU
+that no lease holds is never a variant: the whole grid then runs at ``plan --epochs N``
+under its own label. Standard library and
 ``ccu`` only (``absorb`` rebuilds ``table1.json`` with :func:`ccu.store.reference_results.assemble_reference`).
 Exit codes: 0 done; 2 bad usage; 3 nothing to absorb; 4 an archive or a part is corrupt or
 conflicts with a committed one (nothing of that call is written).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -107,33 +112,97 @@ EPOCHS = 100
 
 
 #: each long method's epoch timed alone on the leases' GPU at MNIST's paper profile
-#: (``benchmarks/bench_epochs.py`` in call 0, committed): planned from it once it is there
+#: (``benchmarks/bench_epochs.py`` in call 0, committed): planned from it once it is there;
+#: another dataset's call 0 writes its own beside it (:func:`epochs_bench`)
 EPOCHS_BENCH = REPO / "benchmarks" / "timings" / "epochs_mnist_gpu.json"
-#: the methods call 0 times alone (their costs in COST_S were measured four at once, or not)
+#: the methods call 0 times alone on MNIST (their costs in COST_S were measured four at once,
+#: or not); on another dataset call 0 times every method it has not measured (:func:`to_time`)
 ALONE = ("MCD", "GAN", "DE", "ACET", "ACET2")
+#: the datasets whose runs COST_S measured (digits: the tests' fake leases plan with them)
+COST_DATASETS = ("mnist", "digits")
 #: seconds of a run outside its epochs when planned from its epoch alone: the process, the
-#: data, the scoring (ACET_FIXED_S); DE: its members' processes, its own resume and scoring
-OUTSIDE_EPOCHS_S = {"DE": 45}
+#: data, the scoring (ACET_FIXED_S); DE: its members' processes, its own resume and scoring;
+#: CCU: its balls and certificates (its build, :data:`CCU_BUILD_S`, is planned apart)
+OUTSIDE_EPOCHS_S = {"DE": 45, "CCU": 30}
 
 
-def _timed_alone(method: str, bench: Path | None = None) -> dict:
-    """Call 0's numbers for ``method`` (:data:`EPOCHS_BENCH`, or ``bench``); empty without."""
-    bench = Path(bench) if bench is not None else EPOCHS_BENCH
-    if method not in ALONE or not bench.exists():
+def epochs_bench(dataset: str = "mnist") -> Path:
+    """Where call 0's epochs of ``dataset`` are committed: ``epochs_<dataset>_gpu.json`` beside
+    :data:`EPOCHS_BENCH` (MNIST's)."""
+    return EPOCHS_BENCH.with_name(f"epochs_{dataset}_gpu.json")
+
+
+def _timed_alone(method: str, bench: Path | None = None, dataset: str = "mnist") -> dict:
+    """Call 0's numbers for ``method`` on ``dataset`` (:func:`epochs_bench`, or ``bench``);
+    empty without. On MNIST only :data:`ALONE`'s: COST_S measured the others in a lease."""
+    bench = Path(bench) if bench is not None else epochs_bench(dataset)
+    if dataset in COST_DATASETS and method not in ALONE or not bench.exists():
         return {}
     return (json.loads(bench.read_text()).get("by_method") or {}).get(method) or {}
 
 
-def alone_train_seconds(method: str, bench: Path | None = None) -> int | None:
+#: the committed H200 benchmark of Base's and CCU's epochs on each network (LeNet on MNIST,
+#: ResNet18 on CIFAR-10's shape: ``benchmarks/bench_gpu.py``): what a dataset whose runs no
+#: lease has measured is estimated from until its call 0 times them (:func:`estimated_seconds`)
+NETWORK_BENCH = REPO / "benchmarks" / "timings" / "bench_gpu_h200.json"
+#: the methods on a dataset's own network whose training COST_S scales with Base's epoch on
+#: that network (DE: a member; OE: twice the images, as Base's ratio scales both), with CCU's
+#: own; MCD and GAN train a VGG13 on every dataset: as on MNIST, per image
+ON_THE_NETWORK = ("Base", "ODIN", "Maha", "EDL", "OE", "DE", "ACET", "ACET2")
+
+
+def network_factor(dataset: str, method: str) -> float | None:
+    """How much longer ``method``'s epoch on ``dataset`` is than on MNIST, from the committed
+    :data:`NETWORK_BENCH`: the ratio of Base's (CCU: CCU's) steps on ``dataset``'s network to
+    LeNet's, times the ratio of the training sets' steps; for MCD and GAN (VGG13 everywhere)
+    the steps' ratio and the images' pixels. None when the benchmark lacks the network."""
+    from ccu.data.registry import get_spec
+
+    spec, mnist = get_spec(dataset), get_spec("mnist")
+    # the training set's size: the specs fit their metric's covariance on all of it
+    steps = spec.settings.n_covariance / mnist.settings.n_covariance
+    if method in ("MCD", "GAN"):
+        pixels = math.prod(spec.shape) / math.prod(mnist.shape)
+        return steps * pixels
+    if not NETWORK_BENCH.exists():
+        return None
+    bench = json.loads(NETWORK_BENCH.read_text())
+    row = "CCU" if method == "CCU" else "Base"
+    net, lenet = bench.get(spec.settings.classifier) or {}, bench.get("lenet") or {}
+    try:
+        here = net[row]["new_epoch_s"] / net["steps_per_epoch"]
+        there = lenet[row]["new_epoch_s"] / lenet["steps_per_epoch"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    return here / there * steps
+
+
+def estimated_seconds(method: str, dataset: str) -> tuple[int, int] | None:
+    """``method``'s (train and score, attack and part) seconds on ``dataset`` before any run
+    there measured them: MNIST's :data:`COST_S` times :func:`network_factor` (both). None
+    when there is nothing to scale by."""
+    factor = network_factor(dataset, method)
+    if factor is None or method not in COST_S:
+        return None
+    train, attack = COST_S[method]
+    if method == "CCU":  # its build is on the inputs, not the network: planned apart
+        return int(round(CCU_BUILD_S + (train - CCU_BUILD_S) * factor)), int(attack * factor)
+    return int(round(train * factor)), int(round(attack * factor))
+
+
+def alone_train_seconds(
+    method: str, bench: Path | None = None, dataset: str = "mnist"
+) -> int | None:
     """``method``'s training and scoring seconds from its epoch timed alone on the GPU (the
-    committed :data:`EPOCHS_BENCH`; DE: one member's epoch, its members training at once):
-    what it adds to the epochs (:data:`OUTSIDE_EPOCHS_S`) plus 100 of them. None without the
-    benchmark or its number for ``method``. Alone: four lanes at once may be slower, which
-    SAFETY and a training's stop after a saved epoch (continued in the next call) absorb."""
-    timed = _timed_alone(method, bench)
+    committed :func:`epochs_bench` of ``dataset``; DE: one member's epoch, its members
+    training at once): what it adds to the epochs (:data:`OUTSIDE_EPOCHS_S`; CCU: and its
+    build, :data:`CCU_BUILD_S`) plus 100 of them. None without the benchmark or its number for
+    ``method``. Alone: four lanes at once may be slower, which SAFETY and a training's stop
+    after a saved epoch (continued in the next call) absorb."""
+    timed = _timed_alone(method, bench, dataset)
     if "full_epoch_s" not in timed:
         return None
-    fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S)
+    fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S) + (CCU_BUILD_S if method == "CCU" else 0)
     return int(round(fixed + EPOCHS * float(timed["full_epoch_s"])))
 
 
@@ -145,12 +214,14 @@ ATTACK_FIXED_S = 20
 DE_MEMBERS = 5
 
 
-def alone_attack_seconds(method: str, bench: Path | None = None) -> int | None:
+def alone_attack_seconds(
+    method: str, bench: Path | None = None, dataset: str = "mnist"
+) -> int | None:
     """``method``'s attack and part from its attack timed alone on the GPU in call 0
-    (:data:`EPOCHS_BENCH`'s ``attack``: the protocol's 500 steps extrapolated from 5 and 10),
+    (:func:`epochs_bench`'s ``attack``: the protocol's 500 steps extrapolated from 5 and 10),
     plus :data:`ATTACK_FIXED_S`; DE's: its one timed member times :data:`DE_MEMBERS`. None
     without the benchmark or its attack for ``method``."""
-    attack = _timed_alone(method, bench).get("attack") or {}
+    attack = _timed_alone(method, bench, dataset).get("attack") or {}
     if "attack_full_s" not in attack:
         return None
     members = DE_MEMBERS if method == "DE" else 1
@@ -176,35 +247,55 @@ def graphed_train_seconds(method: str, bench: Path | None = None) -> int | None:
     return int(round(ACET_FIXED_S + EPOCHS * (rest + float(timed["graphed_epoch_s"]))))
 
 
-def train_cost(method: str, ccu_init: bool = False) -> int:
-    """Planned device seconds of ``method``'s training and scoring: :data:`COST_S` (ten
-    minutes for a method never measured) times :data:`SAFETY`, CCU's build left out when its
-    initial fit is carried (``ccu_init``), ACET's and ACET2's from the graphs' benchmark when
-    it is committed (:func:`graphed_train_seconds`). A reduced variant (``MCD@50``): its
-    epochs' share of the epochs, the seconds outside them kept whole."""
-    n = epochs_of(method)
-    if n is not None:
-        full = train_cost(method_of(method), ccu_init)
-        fixed = OUTSIDE_EPOCHS_S.get(method_of(method), ACET_FIXED_S)
+def outside_epochs(method: str, ccu_init: bool = False) -> int:
+    """The seconds of ``method``'s run that do not scale with its epochs: the process, the
+    data and the scoring (:data:`OUTSIDE_EPOCHS_S`), CCU's build unless its fit is carried."""
+    fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S)
+    return fixed + (CCU_BUILD_S if method == "CCU" and not ccu_init else 0)
+
+
+def train_cost(method: str, ccu_init: bool = False, dataset: str = "mnist",
+               epochs: int = EPOCHS) -> int:  # fmt: skip
+    """Planned device seconds of ``method``'s training and scoring on ``dataset`` at
+    ``epochs`` epochs (the plan's profile), times :data:`SAFETY`: its epoch timed alone in
+    ``dataset``'s call 0 (:func:`alone_train_seconds`), else on MNIST :data:`COST_S` (ACET's
+    and ACET2's from the graphs' benchmark when it is committed: :func:`graphed_train_seconds`),
+    on another dataset :func:`estimated_seconds`, else ten minutes; CCU's build left out when
+    its initial fit is carried (``ccu_init``). A reduced variant (``MCD@50``) or a plan at
+    fewer epochs: their share of the epochs, the seconds outside them kept whole."""
+    n = epochs_of(method) or epochs
+    m = method_of(method)
+    if n != EPOCHS:
+        full = train_cost(m, ccu_init, dataset)
+        fixed = outside_epochs(m, ccu_init)
         return int(round(fixed + max(full - fixed, 0) * min(n, EPOCHS) / EPOCHS))
-    train = (
-        alone_train_seconds(method)
-        or graphed_train_seconds(method)
-        or COST_S.get(method, (600, 30))[0]
-    )
-    if method == "CCU" and ccu_init:
+    if dataset in COST_DATASETS:
+        known = graphed_train_seconds(m) or (COST_S.get(m) or (None,))[0]
+    else:
+        known = (estimated_seconds(m, dataset) or (None,))[0]
+    train = alone_train_seconds(m, dataset=dataset) or known or 600
+    if m == "CCU" and ccu_init:
         train -= CCU_BUILD_S
     return int(round(train * SAFETY))
 
 
-def attack_cost(method: str) -> int:
-    """Planned device seconds of ``method``'s attack and part: timed in call 0
-    (:func:`alone_attack_seconds`) with :data:`SAFETY`, else :data:`COST_S`; a reduced
-    variant's: its method's."""
-    timed = alone_attack_seconds(method_of(method))
+def attack_cost(method: str, dataset: str = "mnist") -> int:
+    """Planned device seconds of ``method``'s attack and part on ``dataset``: timed in call 0
+    (:func:`alone_attack_seconds`) with :data:`SAFETY`, else :data:`COST_S` (another dataset:
+    :func:`estimated_seconds`); a reduced variant's: its method's."""
+    m = method_of(method)
+    timed = alone_attack_seconds(m, dataset=dataset)
     if timed is not None:
         return int(round(timed * SAFETY))
-    return COST_S.get(method_of(method), (600, 30))[1]
+    if dataset not in COST_DATASETS and estimated_seconds(m, dataset):
+        return estimated_seconds(m, dataset)[1]
+    return COST_S.get(m, (600, 30))[1]
+
+
+def measured_on(method: str, dataset: str) -> bool:
+    """Whether ``method``'s costs on ``dataset`` are measured (COST_S's datasets, or its call
+    0), not estimated from another network's benchmark."""
+    return dataset in COST_DATASETS or bool(_timed_alone(method_of(method), dataset=dataset))
 
 
 def needs_base(method: str) -> bool:
@@ -218,9 +309,9 @@ def needs_base(method: str) -> bool:
         return False
 
 
-def seconds(method: str) -> int:
+def seconds(method: str, dataset: str = "mnist", epochs: int = EPOCHS) -> int:
     """Planned device seconds of ``method`` alone (train and score, attack and part)."""
-    return train_cost(method) + attack_cost(method)
+    return train_cost(method, dataset=dataset, epochs=epochs) + attack_cost(method, dataset)
 
 
 def groups(methods: list[str]) -> list[list[str]]:
@@ -234,14 +325,15 @@ def groups(methods: list[str]) -> list[list[str]]:
     return [[head, *tail] for head, tail in out.items()]
 
 
-def call_lanes(methods: list[str], jobs: int) -> list[list[str]]:
+def call_lanes(methods: list[str], jobs: int, dataset: str = "mnist",
+               epochs: int = EPOCHS) -> list[list[str]]:  # fmt: skip
     """The lanes of one device call (``tools/lease_run.sh``): with CCU, CCU alone in the first
     lane (every other lane attacks in the balls it certifies) and the others in the remaining
     ``jobs - 1`` (:func:`lanes`); with one lane, CCU first in it; without CCU, :func:`lanes`."""
     others = [m for m in methods if m != "CCU"]
     if "CCU" not in methods:
-        return lanes(others, jobs)
-    rest = lanes(others, max(1, jobs - 1)) if others else []
+        return lanes(others, jobs, dataset, epochs)
+    rest = lanes(others, max(1, jobs - 1), dataset, epochs) if others else []
     if jobs == 1:
         return [["CCU", *(m for lane in rest for m in lane)]]
     return [["CCU"], *rest]
@@ -281,7 +373,9 @@ def call_command(args) -> int:
     try:
         overrides = json.loads(args.overrides or "{}")
         prof = get_profile(args.profile, args.dataset, **overrides)
-        lanes = given_lanes(args.methods) or call_lanes(args.methods, args.jobs)
+        lanes = given_lanes(args.methods) or call_lanes(
+            args.methods, args.jobs, args.dataset, prof.epochs
+        )
         tokens = [m for lane in lanes for m in lane]
         for m in tokens:
             if "@" in m and not VARIANT.match(m):
@@ -297,7 +391,8 @@ def call_command(args) -> int:
     for lane in lanes:
         print(" ".join(lane))
     for token, (label, fields) in variants.items():  # and its attack's planned seconds
-        print("@", token, label, json.dumps(fields, separators=(",", ":")), attack_cost(token))
+        print("@", token, label, json.dumps(fields, separators=(",", ":")),
+              attack_cost(token, args.dataset))  # fmt: skip
     return 0
 
 
@@ -328,7 +423,8 @@ def variant(profile: str, overrides: dict, dataset: str, token: str, label: str)
     return prof.label, fields
 
 
-def lanes(methods: list[str], jobs: int) -> list[list[str]]:
+def lanes(methods: list[str], jobs: int, dataset: str = "mnist",
+          epochs: int = EPOCHS) -> list[list[str]]:  # fmt: skip
     """``methods`` split into at most ``jobs`` lanes that run at once on one GPU: groups
     (:func:`groups`) longest first, each to the lane with the least work so far (the LPT rule,
     within 4/3 of the best split); within a lane the cheaper groups first, so that more
@@ -337,7 +433,7 @@ def lanes(methods: list[str], jobs: int) -> list[list[str]]:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
 
     def cost(group):
-        return sum(seconds(m) for m in group)
+        return sum(seconds(m, dataset, epochs) for m in group)
 
     work = [0.0] * jobs
     filled: list[list[list[str]]] = [[] for _ in range(jobs)]
@@ -386,7 +482,8 @@ def _others(folder: Path) -> set[str]:
     return found - set(ALL)
 
 
-def units(todo: list[str], ccu_init: bool = False) -> list[tuple[list[str], int, int]]:
+def units(todo: list[str], ccu_init: bool = False, dataset: str = "mnist",
+          epochs: int = EPOCHS) -> list[tuple[list[str], int, int]]:  # fmt: skip
     """The methods to run as units of a lane: ``(methods, train seconds, attack seconds)``.
     ODIN and Maha go with Base (built on its trained model); without Base to run, they train it
     first all the same (weights are not kept from one lease to the next)."""
@@ -402,8 +499,8 @@ def units(todo: list[str], ccu_init: bool = False) -> list[tuple[list[str], int,
         out.append(["Base*", *on_base])  # Base trained again, its part already committed
     result = []
     for group in out:
-        train = sum(train_cost(m.rstrip("*"), ccu_init) for m in group)
-        attack = sum(attack_cost(m) for m in group if not m.endswith("*"))
+        train = sum(train_cost(m.rstrip("*"), ccu_init, dataset, epochs) for m in group)
+        attack = sum(attack_cost(m, dataset) for m in group if not m.endswith("*"))
         result.append(([m for m in group if not m.endswith("*")], train, attack))
     return result
 
@@ -478,7 +575,7 @@ def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60) -> bool:
 
 
 def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False,
-         inflight=None, assume_done=(), reduce=False):  # fmt: skip
+         inflight=None, assume_done=(), reduce=False, epochs=EPOCHS):  # fmt: skip
     """The calls of a lease: ``[Call]``, the methods left for a later lease, those that cannot
     finish in a lease even alone (``{method: seconds}``), and a problem that stops the grid
     (None if none): CCU's part committed without the balls' metric (over 16 MiB), so no other
@@ -496,14 +593,17 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     fits this lease's first call (:func:`reduced_token`, ``MCD@50``: label ``paper-e50``, its
     own folder, attacked in this label's balls); without it, such a method is only named in
     ``too_long``. A method committed as a variant in this label's balls
-    (:func:`variant_parts`) counts as done while it does not fit a lease whole."""
+    (:func:`variant_parts`) counts as done while it does not fit a lease whole. ``epochs``:
+    the epochs of ``label``'s profile (a grid planned at fewer, ``plan --epochs``), by which
+    every method's training is scaled; costs are ``dataset``'s (:func:`train_cost`)."""
     folder = reference_dir(reference, label, dataset)
     done = set(committed_parts(folder)) | {method_of(m) for m in assume_done}
     whole = max(budget_s, LEASE_S)  # a lease as long as this one, or a whole one
     # a method committed as a reduced variant is done, unless it now fits a lease whole: then
     # it runs at the full protocol (its part goes beside the others; the variant stays)
     done |= {m for m in variant_parts(reference, label, dataset)
-             if m not in done and not fits_a_lease(units([m], ccu_init)[0], whole)}  # fmt: skip
+             if m not in done
+             and not fits_a_lease(units([m], ccu_init, dataset, epochs)[0], whole)}  # fmt: skip
     todo = [m for m in ALL if m not in done]
     balls = (
         "CCU" in assume_done or (folder / "balls.json").exists() and (folder / "balls.npz").exists()
@@ -516,7 +616,13 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
             "call with CCU (move CCU's part away first)"
         )
         return [], todo, {}, problem
-    pending = units(todo, ccu_init)
+    pending = units(todo, ccu_init, dataset, epochs)
+    # Base with ODIN and Maha after it: when no lease holds that lane, each runs on its own
+    # (ODIN and Maha then train Base again: weights are not kept from one call to the next)
+    for unit in list(pending):
+        if unit[0][0] == "Base" and len(unit[0]) > 1 and not fits_a_lease(unit, whole):
+            i = pending.index(unit)
+            pending[i : i + 1] = [u for m in unit[0] for u in units([m], ccu_init, dataset, epochs)]
     carried = []  # (unit with its training left, started) continuing from the last call
     for unit in list(pending):
         if inflight and unit[0][0] in inflight and spannable(unit[0]) and balls:
@@ -527,11 +633,11 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     if reduce:
         first = call_limit(budget_s - START_S - reserve_s)
         for m in list(too_long):
-            token = reduced_token(m, first, inflight)
+            token = reduced_token(m, first, inflight, dataset, epochs)
             if token is None:
                 continue
             del too_long[m]
-            (unit,) = units([token], ccu_init)
+            (unit,) = units([token], ccu_init, dataset, epochs)
             if inflight and token in inflight and balls:  # stopped for time: it continues
                 carried.append(continued(unit, inflight[token]))
             else:
@@ -609,7 +715,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
 
 
 def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, most=20,
-                  reduce=False):  # fmt: skip
+                  reduce=False, epochs=EPOCHS):  # fmt: skip
     """How many whole leases (:data:`LEASE_S` each) the planner needs for the methods of the
     grid not yet committed, at today's costs, if each lease runs as planned: ``(leases, the
     methods they run, lease by lease; the methods too long for any lease)``. ``reduce``:
@@ -626,6 +732,7 @@ def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, mos
             ccu_init=ccu_init,
             assume_done=assumed,
             reduce=reduce,
+            epochs=epochs,
         )
         ran = [m for c in calls for m in c.methods]
         if problem or not ran:
@@ -682,7 +789,8 @@ def call_limit(left: int) -> int:
     return min(LONGEST_WORK_S, left - CALL_OVERHEAD_S - HARD_MARGIN_S - ROOM_S)
 
 
-def reduced_token(method: str, limit: int, inflight=None) -> str | None:
+def reduced_token(method: str, limit: int, inflight=None, dataset: str = "mnist",
+                  epochs: int = EPOCHS) -> str | None:  # fmt: skip
     """The reduced variant of ``method`` that fits a call of ``limit`` seconds of work
     (training and attack): ``MCD@50`` with the most epochs that fit, a multiple of 5 (the
     labels stay few and readable); the one in flight on the warm machine, when there is one.
@@ -693,9 +801,9 @@ def reduced_token(method: str, limit: int, inflight=None) -> str | None:
     for token in inflight or {}:
         if method_of(token) == method and epochs_of(token) is not None:
             return token
-    attack = attack_cost(method)
-    for n in range(EPOCHS - 5, 4, -5):
-        if train_cost(f"{method}@{n}") + attack <= limit:
+    attack = attack_cost(method, dataset)
+    for n in range((epochs - 1) // 5 * 5, 4, -5):
+        if train_cost(f"{method}@{n}", dataset=dataset) + attack <= limit:
             return f"{method}@{n}"
     return None
 
@@ -718,12 +826,12 @@ def variant_parts(reference: Path, label: str, dataset: str) -> dict[str, str]:
     return found
 
 
-def reduced_epochs(method: str, epochs: int = 100) -> int:
+def reduced_epochs(method: str, epochs: int = 100, dataset: str = "mnist",
+                   ccu_init: bool = False) -> int:  # fmt: skip
     """The most epochs of ``method`` that finish in a lease alone (:func:`fits_a_lease`: one
     call, or two with its training continued): the reduced variant ``paper-e<N>``."""
-    (group, train, attack), *_ = units([method])
     for n in range(epochs, 0, -1):
-        if fits_a_lease((group, int(train * n / epochs), attack)):
+        if fits_a_lease(units([method], ccu_init, dataset, n)[0]):
             return n
     return 1
 
@@ -747,35 +855,73 @@ def head_commit() -> str:
     return sha + ("+" if dirty else "")
 
 
-def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, str] | None:
+#: the order in which call 0 times a dataset's methods (the issue's order for FMNIST and
+#: CIFAR-10: CCU, Base and OE first); ODIN and Maha are post hoc on Base: never timed alone
+TIME_ORDER = ("CCU", "Base", "OE", "EDL", "DE", "MCD", "GAN", "ACET", "ACET2")
+
+
+def to_time(dataset: str, methods: list[str]) -> list[str]:
+    """The methods of ``methods`` that call 0 times alone on ``dataset``: on MNIST those of
+    :data:`ALONE` (COST_S measured the others in a lease), elsewhere every one of
+    :data:`TIME_ORDER` (no lease has measured a run there), in that order; none once
+    ``dataset``'s committed benchmark (:func:`epochs_bench`) is there."""
+    if dataset == "digits" or epochs_bench(dataset).exists():
+        return []
+    wanted = {method_of(m) for m in methods}
+    order = ALONE if dataset in COST_DATASETS else TIME_ORDER
+    return [m for m in order if m in wanted]
+
+
+def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, str, list] | None:
     """The call that measures before the lease plans the long methods: ACET's inner attack in
     CUDA graphs (``bench_acet_graphs.py``, ~30 s) while ACET or ACET2 is too long without it,
-    and on MNIST each of :data:`ALONE` left to run timed alone for an epoch
-    (``bench_epochs.py``, ~60 s), while their committed benchmarks are missing. ``(command,
-    what it measures)``, or None when nothing is to measure."""
-    steps, what = [], []
-    if any(m in too_long for m in GRAPHED) and not GRAPHS_BENCH.exists():
+    and each method :func:`to_time` names timed alone for an epoch and its attack
+    (``bench_epochs.py``, ~60 s on MNIST), while ``dataset``'s benchmark is missing.
+    ``(command, what it measures, the files it writes)``, or None when nothing is to measure."""
+    steps, what, files = [], [], []
+    graphs = dataset in COST_DATASETS  # elsewhere call 0 times ACET's epoch (graphed) itself
+    if graphs and any(method_of(m) in GRAPHED for m in too_long) and not GRAPHS_BENCH.exists():
         steps.append(
             f"PYTHONPATH=$PWD python3 benchmarks/bench_acet_graphs.py --out $OUT/{GRAPHS_BENCH.name}"
         )
         what.append("ACET's inner attack in CUDA graphs, checked against the eager one and timed")
-    alone = [m for m in ALONE if m in too_long or m in planned]
-    if dataset == "mnist" and alone and not EPOCHS_BENCH.exists():
+        files.append(GRAPHS_BENCH)
+    alone = to_time(dataset, [*too_long, *planned])
+    if alone:
         data = f"/tmp/ccu-devdata/{dataset}"  # where lease_run.sh gathers it: reused there
+        bench = epochs_bench(dataset)
         steps.append(
             f"python3 tools/pack_data.py --gather .devdata/{dataset} --into {data} && "
             f"CCU_COMMIT={head_commit()} CCU_OFFLINE_DATA={data} PYTHONPATH=$PWD "
             "python3 benchmarks/bench_epochs.py "
-            f"--dataset {dataset} --methods {' '.join(alone)} --out $OUT/{EPOCHS_BENCH.name}"
+            f"--dataset {dataset} --methods {' '.join(alone)} --out $OUT/{bench.name}"
         )
         what.append(f"an epoch and the attack of {', '.join(alone)}, each alone")
-    return ("; ".join(steps), "; ".join(what)) if steps else None
+        files.append(bench)
+    return ("; ".join(steps), "; ".join(what), files) if steps else None
+
+
+def grid_label(args) -> tuple[str, dict]:
+    """The label a plan's calls write to and the profile fields they run with: the profile's
+    own, or at ``--epochs`` (a grid reduced whole: its own label, ``paper-e70``)."""
+    from ccu.run.config import get_profile
+
+    fields = {"epochs": args.epochs} if args.epochs else {}
+    prof = get_profile(args.profile, args.dataset, **fields)
+    return prof.label, fields
 
 
 def print_plan(args) -> int:
-    from ccu.run.config import get_profile
-
-    label = get_profile(args.profile, args.dataset).label
+    try:
+        label, fields = grid_label(args)
+    except (ValueError, TypeError) as exc:  # an unknown profile or dataset: one line
+        print(f"[lease] error: {exc}", file=sys.stderr)
+        return 2
+    epochs = args.epochs or EPOCHS
+    if args.profile != "paper" and args.epochs:
+        print("[lease] error: --epochs reduces the paper's protocol: use it with --profile paper",
+              file=sys.stderr)  # fmt: skip
+        return 2
     folder = reference_dir(args.reference, label, args.dataset)
     done = committed_parts(folder)
     inits = sorted(init_dir(args.dataset).glob("ccu-init-*.pt"))
@@ -793,7 +939,7 @@ def print_plan(args) -> int:
     def planned(reduce):
         return plan(
             args.dataset, args.reference, label, args.budget_s, args.jobs, ccu_init=bool(inits),
-            inflight=inflight if args.warm else None, reduce=reduce,
+            inflight=inflight if args.warm else None, reduce=reduce, epochs=epochs,
         )  # fmt: skip
 
     calls, later, too_long, problem = planned(reduce=False)
@@ -825,20 +971,21 @@ def print_plan(args) -> int:
     if inits and with_ccu:  # checked on the device before CCU trains (lease_run.sh)
         carry.append(_shown(init_dir(args.dataset)))
     elif not inits and "CCU" in too_long or "CCU" in [m for c in calls for m in c[0]]:
+        given = f" --overrides '{json.dumps(fields)}'" if fields else ""
         print(
-            f"first, here: python tools/lease.py prepare --dataset {args.dataset}   (CCU's "
+            f"first, here: python tools/lease.py prepare --dataset {args.dataset}{given}   (CCU's "
             f"initial fit, carried: ~{CCU_BUILD_S} s less of CCU's call; then plan again)"
         )
     commit = head_commit()
     left = args.budget_s
     if zero:
-        command, what = zero
+        command, what, files = zero
         print(f"call 0 (first: {what}): command \"{command}\", carry {json.dumps(carry)}, "
               "timeout_s 300   (~150 s)")  # fmt: skip
         print(
             "  then here at once (the machine is wiped after 30 s idle; the data gathered there "
             "stays for the next call): python tools/lease.py absorb <files_at> (commits "
-            f"{', '.join(_shown(b) for b in (GRAPHS_BENCH, EPOCHS_BENCH))}); and plan again "
+            f"{', '.join(_shown(b) for b in files)}); and plan again "
             "with the budget_left_s it reports: the methods measured are then planned from them"
         )
     for k, call in enumerate(calls, 1):
@@ -847,6 +994,8 @@ def print_plan(args) -> int:
         env = f"CCU_COMMIT={commit} JOBS={len(call.lanes)} HARD_LIMIT={timeout - HARD_MARGIN_S}"
         if args.profile != "paper":
             env += f" PROFILE={args.profile}"
+        if fields:
+            env += f" OVERRIDES='{json.dumps(fields)}'"
         lanes = " / ".join(" ".join(lane) for lane in call.lanes)  # the plan's lanes, as given
         print(
             f'call {k}: command "{env} bash tools/lease_run.sh {args.dataset} {lanes}", '
@@ -855,11 +1004,13 @@ def print_plan(args) -> int:
         for token in call.methods:
             if epochs_of(token) is not None:
                 m = method_of(token)
-                full = train_cost(m) + attack_cost(m)
+                full = train_cost(m, dataset=args.dataset, epochs=epochs) + attack_cost(
+                    m, args.dataset
+                )
+                vlabel = variant(args.profile, fields, args.dataset, token, label)[0]
                 print(f"  {token}: {m} as the reduced variant of {epochs_of(token)} epochs "
-                      f"(label {variant(args.profile, {}, args.dataset, token, label)[0]}, its "
-                      f"own folder, never shown as {label}): its {EPOCHS} epochs, ~{full} s, "
-                      "do not fit a lease")  # fmt: skip
+                      f"(label {vlabel}, its own folder, never shown as {label}): its {epochs} "
+                      f"epochs, ~{full} s, do not fit a lease")  # fmt: skip
         for m, how in call.spanning.items():
             print(f"  {m}: its training {how} here, stops after a saved epoch before the hard "
                   "limit and continues in the next call: make that call at once (the machine "
@@ -880,44 +1031,83 @@ def print_plan(args) -> int:
         left -= timeout + CALL_OVERHEAD_S
     if not calls:
         print("no call fits the device time left" if later or too_long else "nothing left to run")
+    ccu_first = "CCU" in too_long and "CCU" not in done  # the others wait for its balls
     for m, s in too_long.items():
-        n = reduced_epochs(m)
-        what = (
-            "after call 0 and its absorb, plan again: the reduced variant that then fits is "
-            f"planned (now it would be {m}@{n}, label paper-e{n}, never shown as paper)"
-            if zero
-            else f"no reduced variant of at least 5 epochs fits this lease's first call (in a "
-            f"whole lease: {m}@{n}, label paper-e{n})"
-        )
+        n = min(reduced_epochs(m, epochs, args.dataset, bool(inits)), epochs - 1) // 5 * 5
+        if ccu_first and m != "CCU":
+            continue  # said once, after CCU's line
+        if m == "CCU":  # no variant: every method is attacked in the balls CCU certifies
+            whole = get_profile_label(args.profile, args.dataset, n) if n >= 5 else ""
+            what = (
+                "every other method is attacked in the balls it certifies, so none of "
+                f"{label} can run before it; "
+                + ("call 0 times it alone first (its cost is estimated), then plan again; if "
+                   "it still does not fit, " if zero and "CCU" in zero[1] else "")
+                + (f"the grid runs reduced whole: plan --dataset {args.dataset} --epochs {n} "
+                   f"(label {whole}, never shown as {label})" if n >= 5 else
+                   "no grid of at least 5 epochs fits a lease")
+            )  # fmt: skip
+        elif needs_base(m):
+            what = "it runs on Base, in Base's lane, and that lane is too long as a whole"
+        elif n < 5:
+            what = "no reduced variant of at least 5 epochs fits a lease either"
+        elif zero:
+            what = (
+                "after call 0 and its absorb, plan again: the reduced variant that then fits is "
+                f"planned (now it would be {m}@{n}, its own label, never shown as {label})"
+            )
+        else:
+            what = (f"no reduced variant of at least 5 epochs fits this lease's first call (in a "
+                    f"whole lease: {m}@{n}, its own label)")  # fmt: skip
         print(f"{m}: ~{s} s, more than a lease holds even alone (two calls, its training "
               f"continued): {what}")  # fmt: skip
+    if ccu_first:
+        waiting = [m for m in ALL if m != "CCU" and m not in done]
+        print(f"waiting for CCU's balls: {', '.join(waiting)} (each planned once CCU fits)")
+        later = [m for m in later if m not in waiting]
     if later:
         print(f"for a later lease: {', '.join(later)}")
         if calls and len(calls[0].lanes) == args.jobs:
             print(f"  (every one of the {args.jobs} lanes is taken: with --jobs "
                   f"{args.jobs + len(later)} more of them may fit this lease; a lane is a "
                   "process on the GPU and its share of the machine's 16 cores)")  # fmt: skip
-    n, runs, never = leases_needed(args.dataset, args.reference, label, args.jobs, bool(inits))
-    if args.dataset not in ("mnist", "digits"):  # COST_S: MNIST's LeNet (and VGG13) runs
-        print(f"(these costs are MNIST's, measured with its LeNet: {args.dataset}'s network "
-              "differs, so its calls are not measured plans; time its first call's epochs)")  # fmt: skip
+    guessed = [m for m in ALL if m not in done and not measured_on(m, args.dataset)]
+    if guessed:
+        timed = epochs_bench(args.dataset)
+        how = (f"its call 0 ({_shown(timed)}) has no numbers for them" if timed.exists()
+               else "call 0 times them")  # fmt: skip
+        print(f"(not measured on {args.dataset}: {', '.join(guessed)}, planned from MNIST's "
+              f"runs scaled by {_shown(NETWORK_BENCH)}'s epochs of {args.dataset}'s network; "
+              f"{how})")  # fmt: skip
+    n, runs, never = leases_needed(args.dataset, args.reference, label, args.jobs, bool(inits),
+                                   epochs=epochs)  # fmt: skip
+    if ccu_first:
+        print("the grid at these costs: none of it in a lease before CCU fits one (see CCU above)")
     elif n or never:
         each = "; ".join(f"{k}: {', '.join(r)}" for k, r in enumerate(runs, 1))
         print(f"the grid at these costs: {n} whole lease{'s' * (n != 1)} of {LEASE_S // 60} "
               f"minutes ({each or 'none'})"
               + (f"; never in a lease as they are: {', '.join(never)}" if never else ""))  # fmt: skip
-        if never:
+        if never and "CCU" not in never:
             n, runs, never = leases_needed(
-                args.dataset, args.reference, label, args.jobs, bool(inits), reduce=True
-            )
+                args.dataset, args.reference, label, args.jobs, bool(inits), reduce=True,
+                epochs=epochs,
+            )  # fmt: skip
             each = "; ".join(f"{k}: {', '.join(r)}" for k, r in enumerate(runs, 1))
             print(f"  with reduced variants for those: {n} whole lease{'s' * (n != 1)} "
                   f"({each or 'none'})" + (f"; never: {', '.join(never)}" if never else ""))  # fmt: skip
     graphed = [m for m in GRAPHED if graphed_train_seconds(m) is not None]
-    if graphed:
+    if graphed and args.dataset in COST_DATASETS:
         print(f"{', '.join(graphed)}: planned with the inner attack in CUDA graphs "
               f"({_shown(GRAPHS_BENCH)})")  # fmt: skip
     return 0
+
+
+def get_profile_label(profile: str, dataset: str, epochs: int) -> str:
+    """The label of ``profile`` on ``dataset`` at ``epochs`` epochs (``paper-e70``)."""
+    from ccu.run.config import get_profile
+
+    return get_profile(profile, dataset, epochs=epochs).label
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -1276,12 +1466,21 @@ def keep_inflight(files_at: Path, folder: Path, dataset: str | None = None) -> d
     return found
 
 
+#: call 0's benchmark of a dataset's epochs, as ``bench_epochs.py --out`` names it
+EPOCHS_FILE = re.compile(r"^epochs_([a-z0-9][a-z0-9_-]*)_gpu\.json$")
+
+
 def keep_bench(files_at: Path, targets: list[Path] | None = None) -> list[Path]:
     """The benchmarks a call 0 brought back (``benchmarks/bench_acet_graphs.py``,
-    ``benchmarks/bench_epochs.py``), each put where the planner reads it (:data:`GRAPHS_BENCH`,
-    :data:`EPOCHS_BENCH`; a newer measurement replaces the older, which git keeps).
-    :class:`AbsorbError` (4), nothing kept, when one is not its benchmark's JSON."""
-    targets = [Path(t) for t in (targets or (GRAPHS_BENCH, EPOCHS_BENCH))]
+    ``benchmarks/bench_epochs.py``: ``epochs_<dataset>_gpu.json`` for any dataset), each put
+    where the planner reads it (:data:`GRAPHS_BENCH`, :func:`epochs_bench`; a newer
+    measurement replaces the older, which git keeps). :class:`AbsorbError` (4), nothing kept,
+    when one is not its benchmark's JSON."""
+    if targets is None:
+        came = sorted(p.name for p in Path(files_at).glob("epochs_*_gpu.json"))
+        targets = [GRAPHS_BENCH, *(epochs_bench(EPOCHS_FILE.match(n).group(1))
+                                   for n in came if EPOCHS_FILE.match(n))]  # fmt: skip
+    targets = [Path(t) for t in targets]
     found = []
     for target in targets:
         path = Path(files_at) / target.name
@@ -1391,6 +1590,9 @@ def main(argv=None) -> int:
             p.add_argument("--warm", action="store_true",
                            help="the device machine is still warm (its last call ended under "
                            "30 s ago): trainings stopped for time in it continue")  # fmt: skip
+            p.add_argument("--epochs", type=int,
+                           help="plan the whole grid at this many epochs (its own label, "
+                           "paper-e<N>): for a dataset whose CCU no lease holds at 100")  # fmt: skip
             p.add_argument("--reduce", action="store_true",
                            help="plan the reduced variants of the methods no lease holds now, "
                            "from the costs known, without waiting for call 0's measurements "
@@ -1401,6 +1603,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if getattr(args, "jobs", 1) < 1 or getattr(args, "budget_s", 1) < 0:
         print("[lease] error: --jobs must be >= 1 and --budget-s >= 0", file=sys.stderr)
+        return 2
+    if getattr(args, "epochs", None) is not None and not 1 <= args.epochs < EPOCHS:
+        print(f"[lease] error: --epochs must be 1 to {EPOCHS - 1} (fewer than the paper's "
+              f"{EPOCHS}); leave it out for the paper's protocol", file=sys.stderr)  # fmt: skip
         return 2
     if args.command == "call":
         return call_command(args)

@@ -291,8 +291,8 @@ def test_a_method_too_long_for_a_call_spans_two_calls_of_the_lease(tmp_path, mon
     calls, later, too_long, _ = lease.plan("mnist", ref, "paper", budget_s=900, jobs=4)
     assert "MCD" in too_long and not any(c.spanning for c in calls)
     n = lease.reduced_epochs("MCD")  # its reduced variant fits a 15-minute lease
-    assert lease.fits_a_lease((["MCD"], int(770 * n / 100), 60))
-    assert not lease.fits_a_lease((["MCD"], int(770 * (n + 1) / 100), 60))
+    assert lease.fits_a_lease(lease.units(["MCD"], epochs=n)[0])
+    assert not lease.fits_a_lease(lease.units(["MCD"], epochs=n + 1)[0])
     calls, later, too_long, _ = lease.plan("mnist", ref, "paper", budget_s=1500, jobs=4)
     assert "MCD" not in too_long and "MCD" not in later
     first, second = calls[0], calls[1]
@@ -456,6 +456,64 @@ def test_a_method_too_long_for_any_lease_runs_as_a_reduced_variant_once_call_0_m
         m for c in lease.plan("mnist", ref, "paper", 900, 5, reduce=True)[0] for m in c.methods
     ]
     assert "MCD" in planned
+
+
+def test_another_dataset_is_timed_in_its_own_call_0_and_its_ccu_is_never_a_variant(
+    tmp_path, monkeypatch, capsys
+):
+    """FMNIST (ResNet18): no lease has run there, so its costs are MNIST's scaled by the
+    committed H200 benchmark of its network, and its call 0 times every method alone into a
+    benchmark of its own, CCU first. A CCU that no lease holds is never planned as ``CCU@N``
+    (the call refuses it: every method is attacked in its balls): the plan says the grid waits
+    for it, and ``--epochs N`` plans the whole grid at N epochs under its own label."""
+    monkeypatch.setattr(lease, "init_dir", lambda dataset: tmp_path / "init" / dataset)
+    ref = tmp_path / "ref"
+    plan = ["plan", "--dataset", "fmnist", "--reference", str(ref), "--jobs", "5"]
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out
+    assert "CCU@" not in said and "waiting for CCU's balls" in said
+    assert "bench_epochs.py --dataset fmnist --methods CCU Base OE" in said
+    assert "epochs_fmnist_gpu.json" in said and "epochs_mnist_gpu.json" not in said
+    assert "bench_acet_graphs" not in said  # its ACET epoch is timed, graphed, by bench_epochs
+    assert "not measured on fmnist" in said
+    assert lease.train_cost("Base", dataset="fmnist") > lease.train_cost("Base")  # ResNet18
+    # CCU does not fit a lease at these estimates: the grid reduced whole, as the plan says
+    n = int(said.split("plan --dataset fmnist --epochs ")[1].split()[0])
+    assert 5 <= n < 100 and n % 5 == 0
+    assert lease.main([*plan, "--epochs", str(n)]) == 0
+    said = capsys.readouterr().out
+    label = get_profile("paper", "fmnist", epochs=n).label
+    assert said.startswith(f"{label}/fmnist: committed 0") and "CCU@" not in said
+    first = next(line for line in said.splitlines() if line.startswith("call 1:"))
+    assert (
+        f"OVERRIDES='{json.dumps({'epochs': n})}'" in first and "lease_run.sh fmnist CCU" in first
+    )
+    assert f"prepare --dataset fmnist --overrides '{json.dumps({'epochs': n})}'" in said
+    for bad in ("100", "0"):
+        assert lease.main([*plan, "--epochs", bad]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    # its call 0 came back: absorbed beside MNIST's, and FMNIST is planned from it
+    came = tmp_path / "call0"
+    came.mkdir()
+    timed = {m: {"full_epoch_s": 2.0, "attack": {"attack_full_s": 30.0}}
+             for m in ("CCU", "Base", "OE", "EDL", "DE")}  # fmt: skip
+    (came / "epochs_fmnist_gpu.json").write_text(json.dumps({"by_method": timed}))
+    assert lease.main(["absorb", str(came), "--reference", str(ref), "--no-commit"]) == 0
+    assert json.loads(lease.epochs_bench("fmnist").read_text())["by_method"] == timed
+    assert not lease.epochs_bench("mnist").exists()
+    assert lease.alone_train_seconds("CCU", dataset="fmnist") == (
+        lease.OUTSIDE_EPOCHS_S["CCU"] + lease.CCU_BUILD_S + 200
+    )
+    assert lease.alone_train_seconds("CCU") is None  # MNIST's: its own benchmark, none here
+    capsys.readouterr()
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out
+    assert "call 0 (first" not in said and "lease_run.sh fmnist CCU" in said
+    assert "waiting for CCU's balls" not in said and "has no numbers for them" in said
+    # Base with ODIN and Maha after it: too long as one lane, so each runs on its own
+    calls, later, too_long, _ = lease.plan("fmnist", ref, "paper", 900, 5, epochs=100)
+    planned = [m for c in calls for m in c.methods] + later + list(too_long)
+    assert sorted(planned) == sorted(lease.ALL)
 
 
 def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
