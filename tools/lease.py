@@ -901,6 +901,12 @@ def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, st
     return ("; ".join(steps), "; ".join(what), files) if steps else None
 
 
+#: call 0's (timeout_s, expected seconds): on MNIST five methods on LeNet and VGG13 (~150 s);
+#: elsewhere up to nine, on ResNet18 (on 2 CPU cores an FMNIST CCU and Base took 150 s for two
+#: batches each: not a GPU's measure, so the room is generous)
+ZERO_S = {"mnist": (300, 150), None: (480, 300)}
+
+
 def grid_label(args) -> tuple[str, dict]:
     """The label a plan's calls write to and the profile fields they run with: the profile's
     own, or at ``--epochs`` (a grid reduced whole: its own label, ``paper-e70``)."""
@@ -980,8 +986,10 @@ def print_plan(args) -> int:
     left = args.budget_s
     if zero:
         command, what, files = zero
+        timeout, work = ZERO_S.get(args.dataset, ZERO_S[None])
         print(f"call 0 (first: {what}): command \"{command}\", carry {json.dumps(carry)}, "
-              "timeout_s 300   (~150 s)")  # fmt: skip
+              f"timeout_s {timeout}   (~{work} s; the benchmark is written after each method: "
+              "what finished comes back if it is cut short)")  # fmt: skip
         print(
             "  then here at once (the machine is wiped after 30 s idle; the data gathered there "
             "stays for the next call): python tools/lease.py absorb <files_at> (commits "
