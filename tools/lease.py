@@ -901,6 +901,19 @@ def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, st
     return ("; ".join(steps), "; ".join(what), files) if steps else None
 
 
+#: the ignored folder ``tools/pack_data.py`` packs each dataset's data into, to carry
+DEVDATA = REPO / ".devdata"
+#: a data call's timeout_s: one part (at most 56 MiB) copied and checked (sha256) there
+DATA_CALL_S = 60
+
+
+def data_parts(dataset: str) -> list[str]:
+    """The packed parts of ``dataset``'s data (``tools/pack_data.py``), in order, as carried:
+    ``[".devdata/fmnist/part-1", ...]``; none when it is not packed."""
+    found = [p for p in (DEVDATA / dataset).glob("part-*") if p.name[5:].isdigit()]
+    return [_shown(p) for p in sorted(found, key=lambda p: int(p.name[5:]))]
+
+
 #: call 0's (timeout_s, expected seconds): on MNIST five methods on LeNet and VGG13 (~150 s);
 #: elsewhere up to nine, on ResNet18 (on 2 CPU cores an FMNIST CCU and Base took 150 s for two
 #: batches each: not a GPU's measure, so the room is generous)
@@ -942,9 +955,15 @@ def print_plan(args) -> int:
                   "warm: the next call starts within 30 s of the last one's end) they continue, "
                   "else they start over")  # fmt: skip
 
+    parts = data_parts(args.dataset)
+    # data in several parts: each carried by a call of its own first (64 MiB a call), unless
+    # the machine is still warm and holds them gathered (--warm)
+    data_calls = parts if len(parts) > 1 and not args.warm else []
+    budget = args.budget_s - len(data_calls) * (DATA_CALL_S + CALL_OVERHEAD_S)
+
     def planned(reduce):
         return plan(
-            args.dataset, args.reference, label, args.budget_s, args.jobs, ccu_init=bool(inits),
+            args.dataset, args.reference, label, budget, args.jobs, ccu_init=bool(inits),
             inflight=inflight if args.warm else None, reduce=reduce, epochs=epochs,
         )  # fmt: skip
 
@@ -966,9 +985,8 @@ def print_plan(args) -> int:
     )
     for m, vl in variant_parts(args.reference, label, args.dataset).items():
         print(f"  {m}: committed as the reduced variant {vl} (attacked in these balls)")
-    packed = sorted((REPO / ".devdata" / args.dataset).glob("part-*"))
-    carry = [p.relative_to(REPO).as_posix() for p in packed]
-    if args.dataset != "digits" and not carry:
+    carry = parts[:1] if len(parts) == 1 else []  # several: carried by the data calls
+    if args.dataset != "digits" and not parts:
         print(
             f"first, here: python tools/pack_data.py --dataset {args.dataset}   (the data to carry)"
         )
@@ -983,7 +1001,17 @@ def print_plan(args) -> int:
             f"initial fit, carried: ~{CCU_BUILD_S} s less of CCU's call; then plan again)"
         )
     commit = head_commit()
-    left = args.budget_s
+    left = budget
+    gather = (f"python3 tools/pack_data.py --gather .devdata/{args.dataset} "
+              f"--into /tmp/ccu-devdata/{args.dataset}")  # fmt: skip
+    for k, part in enumerate(data_calls, 1):
+        print(f"data call {k} of {len(data_calls)}: command \"{gather}\", carry "
+              f"{json.dumps([part])}, timeout_s {DATA_CALL_S}   (the data of {args.dataset} is "
+              f"{len(parts)} parts, over the 64 MiB one call carries: one a call, gathered on "
+              "the machine, which keeps them while warm; the calls below carry none)")  # fmt: skip
+    if len(parts) > 1 and args.warm:
+        print(f"(the data of {args.dataset}, {len(parts)} parts, is assumed gathered on the warm "
+              "machine; if it went cold, plan again without --warm)")  # fmt: skip
     if zero:
         command, what, files = zero
         timeout, work = ZERO_S.get(args.dataset, ZERO_S[None])

@@ -516,6 +516,37 @@ def test_another_dataset_is_timed_in_its_own_call_0_and_its_ccu_is_never_a_varia
     assert sorted(planned) == sorted(lease.ALL)
 
 
+def test_data_in_several_parts_is_carried_one_part_a_call_before_the_others(
+    tmp_path, monkeypatch, capsys
+):
+    """A dataset whose packed data is over what one call carries (64 MiB, the project
+    included: ``pack_data.py`` splits it) comes in data calls of one part each, first; the
+    calls after them carry none (the warm machine holds it gathered), and their time is taken
+    from the lease's before the plan. One part: carried by every call, as before."""
+    monkeypatch.setattr(lease, "DEVDATA", tmp_path / "devdata")
+    monkeypatch.setattr(lease, "init_dir", lambda dataset: tmp_path / "init" / dataset)
+    for k in (1, 2, 10):
+        (tmp_path / "devdata" / "fmnist" / f"part-{k}").mkdir(parents=True)
+    (tmp_path / "devdata" / "mnist" / "part-1").mkdir(parents=True)
+    parts = lease.data_parts("fmnist")
+    assert [p.rsplit("/", 1)[1] for p in parts] == ["part-1", "part-2", "part-10"]
+    ref = tmp_path / "ref"
+    plan = ["plan", "--dataset", "fmnist", "--reference", str(ref), "--epochs", "20"]
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out.splitlines()
+    data = [line for line in said if line.startswith("data call")]
+    assert len(data) == 3 and all(f'carry ["{p}"]' in d for p, d in zip(parts, data, strict=True))
+    calls = [line for line in said if line.startswith("call ")]
+    assert calls and all(p not in c for c in calls for p in parts)
+    assert lease.main([*plan, "--warm"]) == 0  # gathered on the warm machine: no data call
+    said = capsys.readouterr().out
+    assert "data call" not in said and "assumed gathered" in said
+    assert lease.main(["plan", "--dataset", "mnist", "--reference", str(ref)]) == 0
+    said = capsys.readouterr().out.splitlines()
+    calls = [line for line in said if line.startswith("call ")]
+    assert calls and all(lease.data_parts("mnist")[0] in c for c in calls)
+
+
 def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
     argv = ["call", "smoke", json.dumps(TINY), "digits", "--jobs", "1", "--methods"]
     assert lease.main([*argv, "CCU", "/", "Base", "ODIN", "/", "OE"]) == 0
