@@ -151,19 +151,20 @@ NETWORK_BENCH = REPO / "benchmarks" / "timings" / "bench_gpu_h200.json"
 ON_THE_NETWORK = ("Base", "ODIN", "Maha", "EDL", "OE", "DE", "ACET", "ACET2")
 
 
-def network_factor(dataset: str, method: str) -> float | None:
-    """How much longer ``method``'s epoch on ``dataset`` is than on MNIST, from the committed
+def network_factor(dataset: str, method: str, per: str = "epoch") -> float | None:
+    """How much longer ``method``'s epoch (``per="epoch"``) or one image's step (``per=
+    "image"``: an attack's) on ``dataset`` is than on MNIST, from the committed
     :data:`NETWORK_BENCH`: the ratio of Base's (CCU: CCU's) steps on ``dataset``'s network to
-    LeNet's, times the ratio of the training sets' steps; for MCD and GAN (VGG13 everywhere)
-    the steps' ratio and the images' pixels. None when the benchmark lacks the network."""
+    LeNet's, an epoch's also times the ratio of the training sets' steps; for MCD and GAN
+    (VGG13 everywhere) the images' pixels instead of the networks. None when the benchmark
+    lacks the network."""
     from ccu.data.registry import get_spec
 
     spec, mnist = get_spec(dataset), get_spec("mnist")
     # the training set's size: the specs fit their metric's covariance on all of it
-    steps = spec.settings.n_covariance / mnist.settings.n_covariance
+    steps = spec.settings.n_covariance / mnist.settings.n_covariance if per == "epoch" else 1.0
     if method in ("MCD", "GAN"):
-        pixels = math.prod(spec.shape) / math.prod(mnist.shape)
-        return steps * pixels
+        return steps * math.prod(spec.shape) / math.prod(mnist.shape)
     if not NETWORK_BENCH.exists():
         return None
     bench = json.loads(NETWORK_BENCH.read_text())
@@ -179,15 +180,30 @@ def network_factor(dataset: str, method: str) -> float | None:
 
 def estimated_seconds(method: str, dataset: str) -> tuple[int, int] | None:
     """``method``'s (train and score, attack and part) seconds on ``dataset`` before any run
-    there measured them: MNIST's :data:`COST_S` times :func:`network_factor` (both). None
-    when there is nothing to scale by."""
-    factor = network_factor(dataset, method)
-    if factor is None or method not in COST_S:
+    there measured them: MNIST's :data:`COST_S` times :func:`network_factor` (the training by
+    the epoch's, the attack by an image's). DE: its members as if one after another
+    (:func:`members_in_turn`). None when there is nothing to scale by."""
+    epoch, image = network_factor(dataset, method), network_factor(dataset, method, "image")
+    if epoch is None or image is None or method not in COST_S:
         return None
     train, attack = COST_S[method]
     if method == "CCU":  # its build is on the inputs, not the network: planned apart
-        return int(round(CCU_BUILD_S + (train - CCU_BUILD_S) * factor)), int(attack * factor)
-    return int(round(train * factor)), int(round(attack * factor))
+        train = CCU_BUILD_S + (train - CCU_BUILD_S) * epoch
+    elif method == "DE":
+        base = COST_S["Base"][0]
+        train = OUTSIDE_EPOCHS_S["DE"] + (base - ACET_FIXED_S) * epoch * members_in_turn(dataset)
+    else:
+        train = train * epoch
+    return int(round(train)), int(round(attack * image))
+
+
+def members_in_turn(dataset: str) -> int:
+    """How many of DE's members' epochs its epoch is planned as on ``dataset``: one on MNIST,
+    whose five LeNet members trained at once without slowing one another (four processes were
+    measured so); elsewhere all of them (:data:`DE_MEMBERS`), as if one after another: five
+    ResNet18s at once share one GPU, which no lease has measured, and DE cannot continue in
+    another call if it runs long."""
+    return 1 if dataset in COST_DATASETS else DE_MEMBERS
 
 
 def alone_train_seconds(
@@ -203,7 +219,8 @@ def alone_train_seconds(
     if "full_epoch_s" not in timed:
         return None
     fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S) + (CCU_BUILD_S if method == "CCU" else 0)
-    return int(round(fixed + EPOCHS * float(timed["full_epoch_s"])))
+    members = members_in_turn(dataset) if method == "DE" else 1
+    return int(round(fixed + EPOCHS * members * float(timed["full_epoch_s"])))
 
 
 #: seconds of an attack's process outside the attack itself: its start, the data and the model
@@ -295,7 +312,9 @@ def attack_cost(method: str, dataset: str = "mnist") -> int:
 def measured_on(method: str, dataset: str) -> bool:
     """Whether ``method``'s costs on ``dataset`` are measured (COST_S's datasets, or its call
     0), not estimated from another network's benchmark."""
-    return dataset in COST_DATASETS or bool(_timed_alone(method_of(method), dataset=dataset))
+    return dataset in COST_DATASETS or "full_epoch_s" in _timed_alone(
+        method_of(method), dataset=dataset
+    )
 
 
 def needs_base(method: str) -> bool:
@@ -535,10 +554,11 @@ def spannable(group: list[str]) -> bool:
     return not ({"CCU", "DE"} & {method_of(m) for m in group})
 
 
-def epoch_seconds(train: int) -> float:
-    """One epoch of a unit planned at ``train`` seconds: the most a training stopped for time
-    leaves unused (it stops when one more epoch would end past the stop)."""
-    return train / EPOCHS
+def epoch_seconds(train: int, epochs: int = EPOCHS) -> float:
+    """One epoch of a unit planned at ``train`` seconds for ``epochs`` epochs: the most a
+    training stopped for time leaves unused (it stops when one more epoch would end past the
+    stop)."""
+    return train / epochs
 
 
 def next_limit(left: int, timeout: int) -> int:
@@ -547,21 +567,22 @@ def next_limit(left: int, timeout: int) -> int:
     return call_limit(left - timeout - CALL_OVERHEAD_S)
 
 
-def span_progress(limit: int, continuing: bool, train: int) -> float:
+def span_progress(limit: int, continuing: bool, train: int, epochs: int = EPOCHS) -> float:
     """How far (seconds of its training) a unit alone in its lane gets in a call planned at
     ``limit`` seconds of work: it trains until STOP_MARGIN_S before the call's hard limit,
     less its restart when it continues, less at most one epoch."""
     hard = call_timeout(limit) - HARD_MARGIN_S
-    return hard - STOP_MARGIN_S - (RESUME_S if continuing else 0) - epoch_seconds(train)
+    return hard - STOP_MARGIN_S - (RESUME_S if continuing else 0) - epoch_seconds(train, epochs)
 
 
-def rest_of(train: int, limit: int, continuing: bool) -> int:
+def rest_of(train: int, limit: int, continuing: bool, epochs: int = EPOCHS) -> int:
     """The training seconds a unit planned at ``train`` has left for the next call after
     spanning a call of ``limit`` (:func:`span_progress`), its restart there included."""
-    return int(round(max(train - span_progress(limit, continuing, train), 0) + RESUME_S))
+    done = span_progress(limit, continuing, train, epochs)
+    return int(round(max(train - done, 0) + RESUME_S))
 
 
-def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60) -> bool:
+def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60, epochs: int = EPOCHS) -> bool:
     """Whether a unit finishes in a whole lease of its own: in one call, or (spannable)
     across its first two."""
     group, train, attack = unit
@@ -571,11 +592,11 @@ def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60) -> bool:
     if not spannable(group):
         return False
     left = budget_s - START_S - reserve_s
-    return rest_of(train, limit, False) + attack <= next_limit(left, call_timeout(limit))
+    return rest_of(train, limit, False, epochs) + attack <= next_limit(left, call_timeout(limit))
 
 
 def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False,
-         inflight=None, assume_done=(), reduce=False, epochs=EPOCHS):  # fmt: skip
+         inflight=None, assume_done=(), reduce=False, epochs=EPOCHS, data_s=0):  # fmt: skip
     """The calls of a lease: ``[Call]``, the methods left for a later lease, those that cannot
     finish in a lease even alone (``{method: seconds}``), and a problem that stops the grid
     (None if none): CCU's part committed without the balls' metric (over 16 MiB), so no other
@@ -595,15 +616,19 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     ``too_long``. A method committed as a variant in this label's balls
     (:func:`variant_parts`) counts as done while it does not fit a lease whole. ``epochs``:
     the epochs of ``label``'s profile (a grid planned at fewer, ``plan --epochs``), by which
-    every method's training is scaled; costs are ``dataset``'s (:func:`train_cost`)."""
+    every method's training is scaled; costs are ``dataset``'s (:func:`train_cost`).
+    ``data_s``: the seconds a fresh machine spends on data calls before the others (data in
+    several parts): a whole lease is that much shorter."""
     folder = reference_dir(reference, label, dataset)
     done = set(committed_parts(folder)) | {method_of(m) for m in assume_done}
-    whole = max(budget_s, LEASE_S)  # a lease as long as this one, or a whole one
+    # a lease as long as this one, or a whole one (less its data calls on a fresh machine)
+    whole = max(budget_s, LEASE_S - data_s)
     # a method committed as a reduced variant is done, unless it now fits a lease whole: then
     # it runs at the full protocol (its part goes beside the others; the variant stays)
     done |= {m for m in variant_parts(reference, label, dataset)
              if m not in done
-             and not fits_a_lease(units([m], ccu_init, dataset, epochs)[0], whole)}  # fmt: skip
+             and not fits_a_lease(units([m], ccu_init, dataset, epochs)[0], whole,
+                                  epochs=epochs)}  # fmt: skip
     todo = [m for m in ALL if m not in done]
     balls = (
         "CCU" in assume_done or (folder / "balls.json").exists() and (folder / "balls.npz").exists()
@@ -617,18 +642,23 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         )
         return [], todo, {}, problem
     pending = units(todo, ccu_init, dataset, epochs)
-    # Base with ODIN and Maha after it: when no lease holds that lane, each runs on its own
-    # (ODIN and Maha then train Base again: weights are not kept from one call to the next)
+    # Base with ODIN and Maha after it: when no lease holds that lane, it is cut where it
+    # stops fitting, and what follows trains Base again before it (weights are not kept)
     for unit in list(pending):
-        if unit[0][0] == "Base" and len(unit[0]) > 1 and not fits_a_lease(unit, whole):
+        if (
+            unit[0][0] == "Base"
+            and len(unit[0]) > 1
+            and not fits_a_lease(unit, whole, epochs=epochs)
+        ):
             i = pending.index(unit)
-            pending[i : i + 1] = [u for m in unit[0] for u in units([m], ccu_init, dataset, epochs)]
+            pending[i : i + 1] = split_base(unit[0], whole, ccu_init, dataset, epochs)
     carried = []  # (unit with its training left, started) continuing from the last call
     for unit in list(pending):
         if inflight and unit[0][0] in inflight and spannable(unit[0]) and balls:
             carried.append(continued(unit, inflight[unit[0][0]]))
             pending.remove(unit)
-    too_long = {m: t + a for g, t, a in pending if not fits_a_lease((g, t, a), whole) for m in g}
+    too_long = {m: t + a for g, t, a in pending
+                if not fits_a_lease((g, t, a), whole, epochs=epochs) for m in g}  # fmt: skip
     pending = [u for u in pending if u[0][0] not in too_long]
     if reduce:
         first = call_limit(budget_s - START_S - reserve_s)
@@ -671,7 +701,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         after = next_limit(left, call_timeout(limit))  # what the next call holds
         room = (lanes, spanning, jobs, limit, after)
         for unit in still:  # trainings continued from the last call that span this one too
-            _span(unit, True, *room)
+            _span(unit, True, *room, epochs=epochs)
         # biggest first: into the lane where it ends first, if it finishes in this call; else
         # spanning it and the next in a lane of its own
         for unit in sorted(rest, key=lambda u: -(u[1] + u[2])):
@@ -683,7 +713,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
             end, i = min(ends, default=(limit + 1, -1))
             if end > limit:
                 if not ready:  # not in CCU's call: its balls come too late for a plan
-                    _span(unit, False, *room)
+                    _span(unit, False, *room, epochs=epochs)
                 continue
             if i == len(lanes):
                 lanes.append([])
@@ -704,7 +734,11 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
             if unit[0][0] in spanning:
                 group, train, attack = unit
                 nxt.append(
-                    (group, rest_of(train, limit, spanning[group[0]] == "continues"), attack)
+                    (
+                        group,
+                        rest_of(train, limit, spanning[group[0]] == "continues", epochs),
+                        attack,
+                    )  # fmt: skip
                 )
         carried = nxt
         pending = [u for u in pending if u not in placed]
@@ -715,7 +749,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
 
 
 def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, most=20,
-                  reduce=False, epochs=EPOCHS):  # fmt: skip
+                  reduce=False, epochs=EPOCHS, data_s=0):  # fmt: skip
     """How many whole leases (:data:`LEASE_S` each) the planner needs for the methods of the
     grid not yet committed, at today's costs, if each lease runs as planned: ``(leases, the
     methods they run, lease by lease; the methods too long for any lease)``. ``reduce``:
@@ -727,12 +761,13 @@ def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, mos
             dataset,
             reference,
             label,
-            LEASE_S,
+            LEASE_S - data_s,
             jobs,
             ccu_init=ccu_init,
             assume_done=assumed,
             reduce=reduce,
             epochs=epochs,
+            data_s=data_s,
         )
         ran = [m for c in calls for m in c.methods]
         if problem or not ran:
@@ -752,14 +787,15 @@ def continued(unit, progress: tuple[int, int]):
     return (group, int(round(train * (1 - epochs_done / max(epochs, 1)))) + RESUME_S, attack)
 
 
-def _span(unit, continuing: bool, lanes, spanning, jobs: int, limit: int, after: int) -> bool:
+def _span(unit, continuing: bool, lanes, spanning, jobs: int, limit: int, after: int,
+          epochs: int = EPOCHS) -> bool:  # fmt: skip
     """:func:`plan`: ``unit`` in a lane of its own (appended to ``lanes``, its methods to
     ``spanning``), its training continued in the next call, when a lane is free and the next
     call (``after`` seconds of work) holds the rest."""
     group, train, attack = unit
     if len(lanes) >= jobs or not spannable(group):
         return False
-    if rest_of(train, limit, continuing) + attack > after:
+    if rest_of(train, limit, continuing, epochs) + attack > after:
         return False
     lanes.append([unit])
     for m in group:
@@ -827,13 +863,32 @@ def variant_parts(reference: Path, label: str, dataset: str) -> dict[str, str]:
 
 
 def reduced_epochs(method: str, epochs: int = 100, dataset: str = "mnist",
-                   ccu_init: bool = False) -> int:  # fmt: skip
-    """The most epochs of ``method`` that finish in a lease alone (:func:`fits_a_lease`: one
-    call, or two with its training continued): the reduced variant ``paper-e<N>``."""
-    for n in range(epochs, 0, -1):
-        if fits_a_lease(units([method], ccu_init, dataset, n)[0]):
+                   ccu_init: bool = False, data_s: int = 0) -> int:  # fmt: skip
+    """The most epochs (fewer than ``epochs``) of ``method`` that finish in a whole lease
+    alone, less its data calls (``data_s``): its reduced variant ``method@N`` in one call
+    (variants never span calls); CCU's: the whole grid at N epochs (``plan --epochs``), CCU in
+    one call. 0 when not even one epoch fits."""
+    for n in range(epochs - 1, 0, -1):
+        group = ["CCU"] if method == "CCU" else [f"{method}@{n}"]
+        unit = units(group, ccu_init, dataset, n)[0]
+        if fits_a_lease(unit, LEASE_S - data_s, epochs=n):
             return n
-    return 1
+    return 0
+
+
+def split_base(group: list[str], whole: int, ccu_init: bool, dataset: str, epochs: int):
+    """Base's lane (``[Base, ODIN, Maha]``) cut into units that each fit a lease of ``whole``
+    seconds: Base with as many of the others as fit, then the rest together (training Base
+    again, ``units``' ``Base*``) as far as they fit, and so on."""
+    out, current = [], []
+    for m in group:
+        trial = [*current, m]
+        if current and not fits_a_lease(units(trial, ccu_init, dataset, epochs)[0], whole,
+                                        epochs=epochs):  # fmt: skip
+            out.append(units(current, ccu_init, dataset, epochs)[0])
+            trial = [m]
+        current = trial
+    return [*out, units(current, ccu_init, dataset, epochs)[0]]
 
 
 def _shown(path: Path) -> str:
@@ -863,13 +918,16 @@ TIME_ORDER = ("CCU", "Base", "OE", "EDL", "DE", "MCD", "GAN", "ACET", "ACET2")
 def to_time(dataset: str, methods: list[str]) -> list[str]:
     """The methods of ``methods`` that call 0 times alone on ``dataset``: on MNIST those of
     :data:`ALONE` (COST_S measured the others in a lease), elsewhere every one of
-    :data:`TIME_ORDER` (no lease has measured a run there), in that order; none once
-    ``dataset``'s committed benchmark (:func:`epochs_bench`) is there."""
-    if dataset == "digits" or epochs_bench(dataset).exists():
+    :data:`TIME_ORDER` (no lease has measured a run there), in that order, less those whose
+    epoch ``dataset``'s committed benchmark (:func:`epochs_bench`) already holds: a call 0 cut
+    short, or failed for a method, is completed by the next."""
+    if dataset == "digits":
         return []
     wanted = {method_of(m) for m in methods}
     order = ALONE if dataset in COST_DATASETS else TIME_ORDER
-    return [m for m in order if m in wanted]
+    return [
+        m for m in order if m in wanted and "full_epoch_s" not in _timed_alone(m, dataset=dataset)
+    ]
 
 
 def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, str, list] | None:
@@ -927,6 +985,16 @@ def grid_label(args) -> tuple[str, dict]:
 
     fields = {"epochs": args.epochs} if args.epochs else {}
     prof = get_profile(args.profile, args.dataset, **fields)
+    balls = reference_dir(args.reference, prof.label, args.dataset) / "balls.json"
+    if fields and balls.exists():
+        from ccu.store.records import CERTIFIED_IN
+
+        home = json.loads(balls.read_text()).get(CERTIFIED_IN)
+        if home:
+            raise ValueError(
+                f"{prof.label}/{args.dataset} holds reduced variants attacked in {home}'s balls: "
+                f"a grid of {args.epochs} epochs cannot share their folder; choose other epochs"
+            )
     return prof.label, fields
 
 
@@ -960,11 +1028,14 @@ def print_plan(args) -> int:
     # the machine is still warm and holds them gathered (--warm)
     data_calls = parts if len(parts) > 1 and not args.warm else []
     budget = args.budget_s - len(data_calls) * (DATA_CALL_S + CALL_OVERHEAD_S)
+    # what every lease on a fresh machine spends on them: a whole lease is that much shorter
+    data_s = (DATA_CALL_S + CALL_OVERHEAD_S) * len(parts) if len(parts) > 1 else 0
 
     def planned(reduce):
         return plan(
             args.dataset, args.reference, label, budget, args.jobs, ccu_init=bool(inits),
             inflight=inflight if args.warm else None, reduce=reduce, epochs=epochs,
+            data_s=data_s,
         )  # fmt: skip
 
     calls, later, too_long, problem = planned(reduce=False)
@@ -972,8 +1043,10 @@ def print_plan(args) -> int:
     zero = call_zero(
         args.dataset, too_long, [method_of(m) for c in calls for m in c.methods] + later
     )
-    # reduced variants of the paper's protocol only (EPOCHS is its epochs)
-    if (not zero or args.reduce) and too_long and not problem and args.profile == "paper":
+    # reduced variants of the paper's protocol only (EPOCHS is its epochs): not in a grid
+    # reduced whole (--epochs), whose label a variant's could be
+    paper = args.profile == "paper" and not args.epochs
+    if (not zero or args.reduce) and too_long and not problem and paper:
         calls, later, too_long, problem = planned(reduce=True)
         if args.reduce:
             zero = None  # the variants are sized from what is known: no call 0 before them
@@ -1008,7 +1081,8 @@ def print_plan(args) -> int:
         print(f"data call {k} of {len(data_calls)}: command \"{gather}\", carry "
               f"{json.dumps([part])}, timeout_s {DATA_CALL_S}   (the data of {args.dataset} is "
               f"{len(parts)} parts, over the 64 MiB one call carries: one a call, gathered on "
-              "the machine, which keeps them while warm; the calls below carry none)")  # fmt: skip
+              "the machine, which keeps them while warm; the calls below carry none; it exits "
+              "3, 'incomplete', until the last part has come)")  # fmt: skip
     if len(parts) > 1 and args.warm:
         print(f"(the data of {args.dataset}, {len(parts)} parts, is assumed gathered on the warm "
               "machine; if it went cold, plan again without --warm)")  # fmt: skip
@@ -1069,7 +1143,7 @@ def print_plan(args) -> int:
         print("no call fits the device time left" if later or too_long else "nothing left to run")
     ccu_first = "CCU" in too_long and "CCU" not in done  # the others wait for its balls
     for m, s in too_long.items():
-        n = min(reduced_epochs(m, epochs, args.dataset, bool(inits)), epochs - 1) // 5 * 5
+        n = reduced_epochs(m, epochs, args.dataset, bool(inits), data_s) // 5 * 5
         if ccu_first and m != "CCU":
             continue  # said once, after CCU's line
         if m == "CCU":  # no variant: every method is attacked in the balls CCU certifies
@@ -1085,6 +1159,10 @@ def print_plan(args) -> int:
             )  # fmt: skip
         elif needs_base(m):
             what = "it runs on Base, in Base's lane, and that lane is too long as a whole"
+        elif args.epochs:
+            what = ("a grid reduced whole has no variants (their labels could be another "
+                    "grid's): " + (f"it fits a lease at {n} epochs, the grid with it" if n >= 5
+                                   else "not even 5 epochs of it fit a lease"))  # fmt: skip
         elif n < 5:
             what = "no reduced variant of at least 5 epochs fits a lease either"
         elif zero:
@@ -1095,12 +1173,12 @@ def print_plan(args) -> int:
         else:
             what = (f"no reduced variant of at least 5 epochs fits this lease's first call (in a "
                     f"whole lease: {m}@{n}, its own label)")  # fmt: skip
-        print(f"{m}: ~{s} s, more than a lease holds even alone (two calls, its training "
-              f"continued): {what}")  # fmt: skip
+        how = " (two calls, its training continued)" if spannable([m]) else ""
+        print(f"{m}: ~{s} s, more than a lease holds even alone{how}: {what}")
     if ccu_first:
         waiting = [m for m in ALL if m != "CCU" and m not in done]
         print(f"waiting for CCU's balls: {', '.join(waiting)} (each planned once CCU fits)")
-        later = [m for m in later if m not in waiting]
+        later = [m for m in later if method_of(m) not in waiting]
     if later:
         print(f"for a later lease: {', '.join(later)}")
         if calls and len(calls[0].lanes) == args.jobs:
@@ -1110,13 +1188,13 @@ def print_plan(args) -> int:
     guessed = [m for m in ALL if m not in done and not measured_on(m, args.dataset)]
     if guessed:
         timed = epochs_bench(args.dataset)
-        how = (f"its call 0 ({_shown(timed)}) has no numbers for them" if timed.exists()
-               else "call 0 times them")  # fmt: skip
+        how = ("call 0 times them" if zero
+               else f"its call 0 ({_shown(timed)}) has no numbers for them")  # fmt: skip
         print(f"(not measured on {args.dataset}: {', '.join(guessed)}, planned from MNIST's "
               f"runs scaled by {_shown(NETWORK_BENCH)}'s epochs of {args.dataset}'s network; "
               f"{how})")  # fmt: skip
     n, runs, never = leases_needed(args.dataset, args.reference, label, args.jobs, bool(inits),
-                                   epochs=epochs)  # fmt: skip
+                                   epochs=epochs, data_s=data_s)  # fmt: skip
     if ccu_first:
         print("the grid at these costs: none of it in a lease before CCU fits one (see CCU above)")
     elif n or never:
@@ -1124,10 +1202,10 @@ def print_plan(args) -> int:
         print(f"the grid at these costs: {n} whole lease{'s' * (n != 1)} of {LEASE_S // 60} "
               f"minutes ({each or 'none'})"
               + (f"; never in a lease as they are: {', '.join(never)}" if never else ""))  # fmt: skip
-        if never and "CCU" not in never:
+        if never and "CCU" not in never and paper:
             n, runs, never = leases_needed(
                 args.dataset, args.reference, label, args.jobs, bool(inits), reduce=True,
-                epochs=epochs,
+                epochs=epochs, data_s=data_s,
             )  # fmt: skip
             each = "; ".join(f"{k}: {', '.join(r)}" for k, r in enumerate(runs, 1))
             print(f"  with reduced variants for those: {n} whole lease{'s' * (n != 1)} "
@@ -1534,8 +1612,26 @@ def keep_bench(files_at: Path, targets: list[Path] | None = None) -> list[Path]:
         found.append((target, timed))
     for target, timed in found:
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.name.startswith("epochs_") and target.exists():
+            timed = merged_epochs(json.loads(target.read_text()), timed)
         target.write_text(json.dumps(timed, indent=1) + "\n")
     return [target for target, _ in found]
+
+
+def merged_epochs(old: dict, new: dict) -> dict:
+    """A call 0's epochs (``new``) added to those committed (``old``): each method's numbers
+    from the call that timed it last, an error never replacing a measurement; the calls'
+    provenance (commit, device, torch, ...) kept in ``runs``, and each method's ``run`` the
+    index of the one that timed it. (A call 0 that completes one cut short times only what is
+    missing: replacing the file would lose the rest.)"""
+    runs = old.get("runs") or [{k: v for k, v in old.items() if k != "by_method"}]
+    by_method = {m: dict(t, run=t.get("run", 0)) for m, t in (old.get("by_method") or {}).items()}
+    runs = [*runs, {k: v for k, v in new.items() if k not in ("by_method", "runs")}]
+    for m, t in (new.get("by_method") or {}).items():
+        if "full_epoch_s" in t or "full_epoch_s" not in by_method.get(m, {}):
+            by_method[m] = dict(t, run=len(runs) - 1)
+    return {**{k: v for k, v in new.items() if k != "by_method"}, "runs": runs,
+            "by_method": by_method}  # fmt: skip
 
 
 def absorb_command(args) -> int:

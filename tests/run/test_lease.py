@@ -290,9 +290,11 @@ def test_a_method_too_long_for_a_call_spans_two_calls_of_the_lease(tmp_path, mon
         (folder / name).write_text("{}")
     calls, later, too_long, _ = lease.plan("mnist", ref, "paper", budget_s=900, jobs=4)
     assert "MCD" in too_long and not any(c.spanning for c in calls)
-    n = lease.reduced_epochs("MCD")  # its reduced variant fits a 15-minute lease
-    assert lease.fits_a_lease(lease.units(["MCD"], epochs=n)[0])
-    assert not lease.fits_a_lease(lease.units(["MCD"], epochs=n + 1)[0])
+    n = lease.reduced_epochs("MCD")  # its reduced variant fits a 15-minute lease's one call
+    one_call = lease.call_limit(900 - lease.START_S - 60)
+    for k, fits in ((n, True), (n + 1, False)):
+        cost = lease.train_cost(f"MCD@{k}") + lease.attack_cost("MCD")
+        assert (cost <= one_call) == fits
     calls, later, too_long, _ = lease.plan("mnist", ref, "paper", budget_s=1500, jobs=4)
     assert "MCD" not in too_long and "MCD" not in later
     first, second = calls[0], calls[1]
@@ -385,10 +387,23 @@ def test_the_long_methods_are_timed_alone_in_call_0_then_planned_from_it(tmp_pat
     calls, _, too_long, _ = lease.plan("mnist", ref, "paper", 900, 4, ccu_init=True)
     assert "MCD" not in too_long and "GAN" in too_long
     capsys.readouterr()
-    assert lease.main(plan) == 0
-    assert "bench_epochs.py" not in capsys.readouterr().out  # measured: no call 0 for it
+    assert lease.main(plan) == 0  # what call 0 did not measure is timed by the next one only
+    assert "bench_epochs.py --dataset mnist --methods GAN ACET ACET2 " in capsys.readouterr().out
     (came / lease.EPOCHS_BENCH.name).write_text('{"MCD": 2.0}')
     assert lease.main(argv) == 4 and json.loads(lease.EPOCHS_BENCH.read_text()) == timed
+    # that call 0 came back: added to the first's (a GAN that failed again keeps nothing out)
+    again = {"by_method": {"GAN": {"full_epoch_s": 4.0}, "MCD": {"error": "OOM"}},
+             "commit": "second"}  # fmt: skip
+    (came / lease.EPOCHS_BENCH.name).write_text(json.dumps(again))
+    assert lease.main(argv) == 0
+    kept = json.loads(lease.EPOCHS_BENCH.read_text())
+    assert kept["by_method"]["MCD"]["full_epoch_s"] == 2.0 and kept["by_method"]["MCD"]["run"] == 0
+    assert kept["by_method"]["GAN"] == {"full_epoch_s": 4.0, "run": 1}
+    assert [r.get("commit") for r in kept["runs"]] == [None, "second"]
+    assert lease.alone_train_seconds("GAN") == lease.ACET_FIXED_S + 400
+    capsys.readouterr()
+    assert lease.main(plan) == 0
+    assert "--methods ACET ACET2 " in capsys.readouterr().out
 
 
 def test_a_method_too_long_for_any_lease_runs_as_a_reduced_variant_once_call_0_measured(
@@ -508,9 +523,18 @@ def test_another_dataset_is_timed_in_its_own_call_0_and_its_ccu_is_never_a_varia
     capsys.readouterr()
     assert lease.main(plan) == 0
     said = capsys.readouterr().out
-    assert "call 0 (first" not in said and "lease_run.sh fmnist CCU" in said
-    assert "waiting for CCU's balls" not in said and "has no numbers for them" in said
-    # Base with ODIN and Maha after it: too long as one lane, so each runs on its own
+    # the methods its call 0 did not time are timed by the next one, before CCU's call
+    assert "--methods MCD GAN ACET ACET2 --out" in said and "lease_run.sh fmnist CCU" in said
+    assert "waiting for CCU's balls" not in said
+    # Base with ODIN and Maha after it, too long for a lease as one lane: cut where it stops
+    # fitting, the rest training Base again first
+    base = lease.units(["Base", "ODIN", "Maha"], True, "fmnist")
+    assert len(base) == 1 and not lease.fits_a_lease(base[0], 700)
+    cut = lease.split_base(["Base", "ODIN", "Maha"], 700, True, "fmnist", 100)
+    assert len(cut) > 1 and [m for u in cut for m in u[0]] == ["Base", "ODIN", "Maha"]
+    assert all(lease.fits_a_lease(u, 700) for u in cut) and cut[0][0][0] == "Base"
+    base_train = lease.train_cost("Base", True, "fmnist")
+    assert all(u[1] >= base_train for u in cut[1:])  # each trains Base again
     calls, later, too_long, _ = lease.plan("fmnist", ref, "paper", 900, 5, epochs=100)
     planned = [m for c in calls for m in c.methods] + later + list(too_long)
     assert sorted(planned) == sorted(lease.ALL)
@@ -595,7 +619,7 @@ def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
     turned off changes nothing (ACET would run eagerly on the device too)."""
     bench = lease.GRAPHS_BENCH  # (no_committed_benchmarks) in a folder of the test's own
     bench.parent.mkdir()
-    lease.EPOCHS_BENCH.write_text('{"by_method": {}}')  # measured alone: nothing that counts
+    lease.EPOCHS_BENCH.write_text('{"by_method": {}}')  # measured alone: nothing (call 0 again)
     # CCU's fit prepared (the checkout's own .devinit/ is not read: CI has none)
     (tmp_path / "init").mkdir()
     (tmp_path / "init" / "ccu-init-0.pt").write_bytes(b"")
@@ -617,7 +641,9 @@ def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
     assert "ACET" not in too_long and "ACET" in [m for c in calls for m in c[0]]
     assert lease.main(["plan", "--dataset", "mnist", "--reference", str(ref)]) == 0
     said = capsys.readouterr().out
-    assert "call 0" not in said and "planned with the inner attack in CUDA graphs" in said
+    assert (
+        "bench_acet_graphs" not in said and "planned with the inner attack in CUDA graphs" in said
+    )
     # call 0's file, absorbed: put where the planner reads it; anything else there is refused
     bench.unlink()
     call = tmp_path / "call0"
