@@ -5,8 +5,9 @@ once (2026-11-28: 7.0, 15.2, 33.7 and 34.4 s an epoch); MCD's and GAN's VGG13s a
 launch-bound inner attacks may have slowed one another, and DE's member was never timed. This
 trains each method of ``--methods`` on the real data at the ``paper`` profile (its networks:
 VGG13 for MCD and GAN; ACET's inner attack in CUDA graphs where :mod:`ccu.methods.cuda_graphs`
-turns them on), one after another in one process, on ``--batches`` batches (an epoch of
-``n_train = batches x batch size``) for two epochs, and takes the second epoch (the first holds
+turns them on, the other methods' whole steps where :mod:`ccu.methods.graphed_step` does, and
+then the same two epochs eagerly too: ``step_graphs_speedup``), one after another in one
+process, on ``--batches`` batches (an epoch of ``n_train = batches x batch size``) for two epochs, and takes the second epoch (the first holds
 cuDNN's and the graphs' set-up), scaled to a full epoch of the dataset. DE is timed as one
 member (``ensemble`` 1): its members train at once, each in a process of its own.
 
@@ -33,6 +34,7 @@ Usage (on the device, the data gathered as ``tools/lease_run.sh`` gathers it)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -125,7 +127,10 @@ def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, 
     prof = get_profile("paper", dataset, epochs=2, n_train=n_train, ensemble=1)
     data = data_all.subset(prof.n_train, prof.n_test)
     cls = get_method(method)
-    m = cls(data.spec, data.spec.settings, prof, seed=seed, device=device)
+    # no milestone inside the two epochs: a new learning rate would be captured again in the
+    # timed epoch, which a 100-epoch run does three times in all (the rates change no speed)
+    settings = dataclasses.replace(data.spec.settings, milestones=())
+    m = cls(data.spec, settings, prof, seed=seed, device=device)
     began = time.perf_counter()
     m.build(data)
     built = time.perf_counter() - began
@@ -140,8 +145,24 @@ def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, 
         "build_seconds": built,
         "ms_per_batch": 1e3 * per_batch,
         "full_epoch_s": per_batch * steps,
-        **m.training_record(),  # how it ran, e.g. ACET's inner attack in CUDA graphs or not
+        **m.training_record(),  # how it ran, e.g. its steps or ACET's inner attack in graphs
     }
+    if (out.get("training_step") or {}).get("cuda_graphs"):
+        # the same two epochs with eager steps (CCU_CUDA_GRAPHS=0), from the weights trained so
+        # far: the graphs' speed-up, measured in this run (the planner uses the graphed epoch)
+        from ccu.methods.cuda_graphs import ENV
+
+        before = os.environ.get(ENV)
+        os.environ[ENV] = "0"
+        try:
+            eager = m.fit(data).seconds[-1] / batches
+        finally:
+            if before is None:
+                del os.environ[ENV]
+            else:
+                os.environ[ENV] = before
+        out["eager_full_epoch_s"] = eager * steps
+        out["step_graphs_speedup"] = eager / per_batch if per_batch > 0 else None
     if attack:
         try:
             out["attack"] = attack_alone(m, prof, data.spec.shape, balls_dir, centres, seed)

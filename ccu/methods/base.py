@@ -128,8 +128,13 @@ class Method:
 
     def training_record(self) -> dict:
         """Fields the run's config records after training (how it ran, not what it is: no part
-        of the run's key), e.g. ACET's ``inner_attack``; none here."""
-        return {}
+        of the run's key), e.g. ACET's ``inner_attack``; here ``training_step``, when the steps
+        ran in CUDA graphs (:mod:`ccu.methods.graphed_step`): their record, one per member of
+        an ensemble."""
+        records = [r for r in getattr(self, "step_records", []) if r is not None]
+        if not records:
+            return {}
+        return {"training_step": records[0] if len(records) == 1 else records}
 
     def code_classes(self) -> list[type]:
         """The classes whose code makes this method's results: its own class (and, for CCU,
@@ -147,7 +152,8 @@ class Method:
     def fit(self, data, checkpoint=None, on_epoch_end: EpochCallback | None = None) -> History:
         """Train on ``data``; ``checkpoint`` and ``on_epoch_end`` as in
         :func:`ccu.methods.training.run_epochs` (``ccu run --stop-after`` passes its deadline's check)."""
-        return self.trainer().fit(
+        trainer = self.trainer()
+        history = trainer.fit(
             self._require_model(),
             data,
             checkpoint=checkpoint,
@@ -155,6 +161,8 @@ class Method:
             on_epoch_end=on_epoch_end,
             info=self.checkpoint_info() if checkpoint is not None else None,
         )
+        self.step_records = [trainer.step_record()]
+        return history
 
     def trainer(self, seed: int | None = None) -> Trainer:
         """The :class:`ccu.Trainer` of this method's profile, settings and trainer options."""

@@ -27,6 +27,7 @@ class _OutlierExposure(Objective):
     """Cross-entropy on in-batches + ``weight`` x cross-entropy to uniform on out-batches."""
 
     uses_out = True
+    graphable = True  # its step in CUDA graphs (ccu.methods.graphed_step); not ACET's
 
     def __init__(self, weight: float):
         self.weight = weight
@@ -93,6 +94,8 @@ def confidence_pgd(model, z, noise, eps: float, steps: int, box=(0.0, 1.0)) -> t
 
 
 class _ACETObjective(_OutlierExposure):
+    graphable = False  # its inner attack has graphs of its own (ccu.methods.cuda_graphs)
+
     def __init__(self, weight, eps, steps, from_noise: bool, seed: int, box):
         super().__init__(weight)
         self.eps, self.steps, self.from_noise, self.seed, self.box = (
@@ -156,7 +159,8 @@ class ACETMethod(BaseMethod):
     def training_record(self) -> dict:
         """``inner_attack``: whether the inner PGD ran in CUDA graphs, and their checks."""
         objective = getattr(self, "_objective", None)
-        return {"inner_attack": objective.record()} if objective is not None else {}
+        own = {"inner_attack": objective.record()} if objective is not None else {}
+        return {**super().training_record(), **own}
 
 
 @register_method
@@ -292,6 +296,8 @@ class EDLMethod(BaseMethod):
 class _FGSMObjective(Objective):
     """Cross-entropy on clean and FGSM-perturbed inputs (step 0.01), as in deep ensembles."""
 
+    graphable = True  # its step in CUDA graphs (ccu.methods.graphed_step)
+
     def __init__(self, step=0.01, box=(0.0, 1.0)):
         self.step, self.box = step, box
 
@@ -339,6 +345,7 @@ class DEMethod(BaseMethod):
         --member``) is waited for, then resumed from its last checkpoint, which for a finished
         member trains nothing and gives the very weights and history it ended with."""
         hist = History()
+        self.step_records = []
         for i, member in enumerate(self._require_model()):
             if members is not None and i not in members:
                 continue
@@ -347,6 +354,7 @@ class DEMethod(BaseMethod):
             objective = _FGSMObjective(box=self.spec.value_range)
             with FileLock(f"{ckpt}.lock") if ckpt is not None else nullcontext():
                 h = trainer.fit(member, data, ckpt, objective, on_epoch_end)
+            self.step_records.append(trainer.step_record())
             hist.loss.extend(h.loss)
             hist.accuracy.extend(h.accuracy)
             hist.seconds.extend(h.seconds)  # member after member, as their losses

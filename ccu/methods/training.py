@@ -44,6 +44,8 @@ from ccu.core.settings import TrainSettings
 from ccu.core.validation import check_finite, check_labels, trusted_inputs
 from ccu.data import Dataset
 from ccu.data.batches import PairedLoader
+from ccu.methods.cuda_graphs import graphs_wanted
+from ccu.methods.graphed_step import GraphedStep
 from ccu.store.results import CorruptResultError, write_torch
 
 #: what ``Trainer(precision=...)`` accepts, and the autocast dtype of each
@@ -73,15 +75,23 @@ class History:
 
 
 class Objective:
-    """A training objective: ``(model, x_in, y_in, x_out, epoch) -> (loss, logits of x_in)``."""
+    """A training objective: ``(model, x_in, y_in, x_out, epoch) -> (loss, logits of x_in)``.
+
+    ``graphable``: its step may be replayed from a CUDA graph (:mod:`ccu.methods.graphed_step`):
+    no read-back to the host, no Python decision on a tensor's value, no graphs of its own;
+    ``uses_epoch``: it reads ``epoch`` (a graph per epoch then)."""
 
     uses_out = False
+    graphable = False
+    uses_epoch = False
 
     def __call__(self, model, x, y, z, epoch):  # pragma: no cover - interface
         raise NotImplementedError
 
 
 class _CrossEntropy(Objective):
+    graphable = True
+
     def __call__(self, model, x, y, z, epoch):
         logits = model(x)
         return F.cross_entropy(logits, y), logits
@@ -89,6 +99,7 @@ class _CrossEntropy(Objective):
 
 class _CCUObjective(Objective):
     uses_out = True
+    graphable = True
 
     def __call__(self, model, x, y, z, epoch):
         terms = ccu_loss(model, x, y, z)  # the classifier's outputs come from the same pass
@@ -201,10 +212,13 @@ def _checkpoint_due(done: int, epochs: int) -> bool:
     return done % every == 0 or done == epochs
 
 
-def make_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, settings: TrainSettings,
+                   capturable: bool = False) -> torch.optim.Optimizer:  # fmt: skip
     """The optimiser of ``settings`` (Adam or SGD with momentum 0.9) for ``model``: weight decay
     on the classifier, and a CCU's densities in the parameter groups they declare (their own
-    learning rate, no weight decay). Chapter *Training Base and CCU*."""
+    learning rate, no weight decay). ``capturable``: Adam keeps its step count on the device,
+    so that a CUDA graph of the step can replay it (:mod:`ccu.methods.graphed_step`). Chapter
+    *Training Base and CCU*."""
     density_groups, density_ids = [], set()
     if isinstance(model, CCU):  # each density declares its own groups (lr, weight decay)
         for d in (model.density_in, model.density_out):
@@ -213,7 +227,7 @@ def make_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.Opt
     rest = [p for p in model.parameters() if id(p) not in density_ids and p.requires_grad]
     groups = [{"params": rest, "weight_decay": settings.weight_decay}, *density_groups]
     if settings.optimizer == "adam":
-        return torch.optim.Adam(groups, lr=settings.lr)
+        return torch.optim.Adam(groups, lr=settings.lr, capturable=capturable)
     if settings.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=settings.lr, momentum=0.9)
     raise ValueError(f"unknown optimizer {settings.optimizer!r}; choose 'adam' or 'sgd'.")
@@ -268,12 +282,13 @@ class Trainer:
         ``uses_out`` says whether it needs out-batches. ``info`` goes into every checkpoint
         (:func:`run_epochs`)."""
         model.to(self.device).train()
-        opt = make_optimizer(model, self.settings)
+        if objective is None:
+            objective = ccu_objective if isinstance(model, CCU) else cross_entropy_objective
+        graphs = self._graphs_wanted(objective)
+        opt = make_optimizer(model, self.settings, capturable=graphs)
         milestones = sorted({max(1, round(m * self.epochs)) for m in self.settings.milestones})
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=0.1)
         is_ccu = isinstance(model, CCU)
-        if objective is None:
-            objective = ccu_objective if is_ccu else cross_entropy_objective
         check_training_data(data)
         loader = PairedLoader(
             data,
@@ -287,8 +302,13 @@ class Trainer:
         torch.manual_seed(self.seed)
         if is_ccu:
             model.after_step()
+        self.graphed = None
         with self._accelerated(model) as autocast, trusted_inputs():
             step = _ObjectiveStep(self, model, loader, opt, sched, objective, autocast)
+            if graphs:
+                self.graphed = GraphedStep(
+                    step.one_step, model, opt, uses_epoch=objective.uses_epoch
+                )
             hist = run_epochs(
                 step, model, loader, self.epochs, self.device, checkpoint=checkpoint,
                 on_epoch_end=on_epoch_end, progress=self.progress, desc=f"train {data.name}",
@@ -297,29 +317,56 @@ class Trainer:
         model.eval()
         return hist
 
-    def _epoch(self, model, loader, opt, objective, epoch, autocast) -> EpochResult:
-        """One pass over the loader, its sums read from the device once."""
+    def _graphs_wanted(self, objective) -> bool:
+        """Whether the training step runs in CUDA graphs (:mod:`ccu.methods.graphed_step`): on
+        CUDA (unless ``CCU_CUDA_GRAPHS=0``), float32, not compiled, a ``graphable`` objective."""
+        return (
+            graphs_wanted(self.device)
+            and self.precision == "float32"
+            and not self.compile
+            and getattr(objective, "graphable", False)
+        )
+
+    def step_record(self) -> dict | None:
+        """How the last :meth:`fit` ran its steps (the run's config, ``training_step``): the
+        CUDA graphs' record, or None when it ran them eagerly from the start."""
+        graphed = getattr(self, "graphed", None)
+        return graphed.record() if graphed is not None else None
+
+    def _epoch(self, model, loader, opt, objective, epoch, autocast, step=None) -> EpochResult:
+        """One pass over the loader, its sums read from the device once. ``step(x, y, z,
+        epoch)``: the training step (the graphed one), else :meth:`_step`."""
         is_ccu = isinstance(model, CCU)
         track_gap = is_ccu and model.has_scale_constraint
         acc_dtype = torch.float32 if self.device.type == "mps" else torch.float64
         sums = torch.zeros(2, dtype=acc_dtype, device=self.device)  # loss x n, correct
         gaps, n = [], 0
         for x, y, z in loader:
-            with autocast:
-                loss, logits = objective(model, x, y, z, epoch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if is_ccu:
-                model.after_step()
-                if track_gap:
-                    gaps.append(model.constraint_gap_tensor())
+            if step is not None:
+                loss, logits = step(x, y, z, epoch)
+            else:
+                loss, logits = self._step(model, opt, objective, epoch, autocast, x, y, z)
+            if track_gap:
+                gaps.append(model.constraint_gap_tensor())
             with torch.no_grad():
                 correct = (logits.argmax(1) == y).sum()
                 sums += torch.stack([loss.detach().to(acc_dtype) * len(x), correct.to(acc_dtype)])
             n += len(x)  # known on the host
         loss_sum, correct = sums.tolist()  # the epoch's one read from the device
         return EpochResult(loss_sum, correct, n, torch.stack(gaps).tolist() if gaps else [])
+
+    @staticmethod
+    def _step(model, opt, objective, epoch, autocast, x, y, z):
+        """One training step: the objective, its gradient, the optimiser's step and a CCU's
+        constraint (:meth:`ccu.CCU.after_step`); ``(loss, logits of x)``."""
+        with autocast:
+            loss, logits = objective(model, x, y, z, epoch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if isinstance(model, CCU):
+            model.after_step()
+        return loss, logits
 
     @contextlib.contextmanager
     def _accelerated(self, model):
@@ -358,13 +405,22 @@ class _ObjectiveStep(EpochStep):
         self.trainer, self.model, self.loader = trainer, model, loader
         self.opt, self.sched = opt, sched
         self.objective, self.autocast = objective, autocast
+        self.epoch = 0
 
     def run(self, epoch: int) -> EpochResult:
+        self.epoch = epoch  # what one_step passes to the objective
+        graphed = self.trainer.graphed
         result = self.trainer._epoch(
-            self.model, self.loader, self.opt, self.objective, epoch, self.autocast
+            self.model, self.loader, self.opt, self.objective, epoch, self.autocast, graphed
         )
         self.sched.step()
         return result
+
+    def one_step(self, x, y, z):
+        """One step of the current epoch (:meth:`Trainer._step`), as the graphs capture it."""
+        return self.trainer._step(
+            self.model, self.opt, self.objective, self.epoch, self.autocast, x, y, z
+        )
 
     def state_dict(self) -> dict:
         return {"optimizer": self.opt.state_dict()}

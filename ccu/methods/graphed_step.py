@@ -1,0 +1,232 @@
+"""A whole training step in CUDA graphs, checked against the eager step as it trains.
+
+On a GPU a step of the paper's small networks is set by its launches, not its arithmetic: the
+committed H200 benchmark (``benchmarks/timings/bench_gpu_h200.json``) has a LeNet Base step at
+3.4 ms, and ResNet18's CCU step at 17 ms (6.8 s an epoch of CIFAR-10), no faster in bf16, where
+its arithmetic takes a few milliseconds. CCU's 100 epochs on FMNIST or CIFAR-10 then take more
+than a lease's calls hold. Replaying the step's kernels (forward, backward, the optimiser, CCU's
+constraint) from one CUDA graph removes the launches and the Python that issues them.
+
+:class:`GraphedStep` keeps one graph per *key*: the batch's shapes, the learning rates (the
+milestones change them: a float baked into the optimiser's kernels), the epoch for an objective
+that reads it (EDL's annealing; ``uses_epoch``) and the parameters' storage. For each key:
+
+* its first :attr:`GraphedStep.warmup` steps run eagerly (real training steps, on a side
+  stream on CUDA, as PyTorch's CUDA graphs notes ask before a capture); the next one is
+  captured and replayed, and so on, with the batch copied into the graph's static inputs;
+* its first replay, and every :attr:`GraphedStep.check_every`-th step after it, is compared with
+  the eager step from the same state: the model, the optimiser's state and the RNG are saved,
+  the eager step is taken, the state is put back in place and the graph replayed; the largest
+  difference of a parameter, relative to that parameter's scale, must be at most
+  :attr:`GraphedStep.tolerance`;
+* a larger difference (NaN too), or any error while capturing or replaying, turns the graphs off
+  for the rest of the training: the eager step's result is kept (the state it left is put back)
+  and the training goes on eagerly from there, which says why once;
+* :meth:`GraphedStep.record` (the run's config, ``training_step``) says whether graphs ran,
+  the steps, captures, checks that passed, their largest deviation, why they were turned off.
+
+The graph is a statement about speed only, never about results. Only a float32 training on CUDA
+without ``compile`` uses it, and only with an objective that declares ``graphable`` (ACET's
+holds graphs of its own: :mod:`ccu.methods.cuda_graphs`); ``CCU_CUDA_GRAPHS=0`` turns it off. The
+CPU path is the eager step. Written here rather than with ``torch.compile(mode=
+"reduce-overhead")``: compile would trace CCU's densities, the optimiser and the constraint
+anew for each shape and learning rate, and a plain graph of the eager code replays the very
+kernels the eager step launches, so the check can ask for equality to float tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ccu.methods.cuda_graphs import say
+
+#: ``(x, y, z) -> (loss, logits)``: one training step, its optimiser step and constraint included
+Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], tuple]
+#: ``(step, x, y, z) -> replay``: a captured step, ``replay(x, y, z) -> (loss, logits)``
+Capture = Callable[..., Callable]
+#: ``(step, x, y, z) -> (loss, logits)``: an eager step run before a capture
+Warmup = Callable[..., tuple]
+
+
+def cuda_warmup(step: Step, x, y, z):
+    """``step`` on a side stream (autograd's and cuDNN's lazy set-up before a capture)."""
+    side = torch.cuda.Stream(device=x.device)
+    side.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(side):
+        out = step(x, y, z)
+    torch.cuda.current_stream(x.device).wait_stream(side)
+    return out
+
+
+def cuda_capture(step: Step, x, y, z):
+    """``step`` captured in a CUDA graph for batches shaped as ``x, y, z`` (captured, not run).
+    Returns ``replay(x, y, z)``, which copies its arguments into the graph's static inputs and
+    replays it; its ``(loss, logits)`` are the graph's static outputs, overwritten by the next
+    replay (the trainer reads them at once)."""
+    static = [None if t is None else t.detach().clone() for t in (x, y, z)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step(*static)
+
+    def replay(x, y, z):
+        for s, t in zip(static, (x, y, z), strict=True):
+            if s is not None:
+                s.copy_(t)
+        graph.replay()
+        return outputs
+
+    return replay
+
+
+def _rng(device: torch.device):
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng(device: torch.device, state) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+class GraphedStep:
+    """``step`` replayed from CUDA graphs, checked against the eager ``step`` (see the module).
+    ``model`` and ``opt`` are what ``step`` trains (their state is saved and put back for a
+    check); ``capture`` and ``warmup`` default to CUDA's (the tests pass their own); ``log``
+    (default: stderr) is told once when the graphs are turned off.
+
+    >>> import torch
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> def step(x, y, z):
+    ...     loss = (model(x).squeeze(1) - y).pow(2).mean()
+    ...     opt.zero_grad(set_to_none=True)
+    ...     loss.backward()
+    ...     opt.step()
+    ...     return loss, None
+    >>> replay_python = lambda step, x, y, z: step  # a stand-in for a graph, on the CPU
+    >>> graphed = GraphedStep(step, model, opt, capture=replay_python,
+    ...                       warmup=lambda step, x, y, z: step(x, y, z), check_every=3)
+    >>> for _ in range(6):
+    ...     _ = graphed(torch.ones(4, 2), torch.zeros(4), None)
+    >>> graphed.record()["cuda_graphs"], graphed.record()["checks_passed"]
+    (True, 2)
+    """
+
+    #: compare with the eager step every this many steps (and at each key's first replay)
+    check_every = 200
+    #: eager steps of a key before it is captured
+    warmup_steps = 2
+    #: the largest difference of a parameter after one step, relative to its largest value
+    #: (at least 1), still taken as equal: float rounding, atomics in cuDNN's backward
+    tolerance = 1e-5
+
+    def __init__(self, step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 capture: Capture | None = None, warmup: Warmup | None = None, log=say,
+                 check_every: int | None = None, uses_epoch: bool = False):  # fmt: skip
+        self.step, self.model, self.opt = step, model, opt
+        self.capture, self.warmup = capture or cuda_capture, warmup or cuda_warmup
+        self.log, self.uses_epoch = log, uses_epoch
+        if check_every is not None:
+            self.check_every = check_every
+        self.replays: dict[tuple, Callable] = {}
+        self.seen: dict[tuple, int] = {}
+        self.steps = self.checks = self.captures = 0
+        self.max_deviation = 0.0
+        self.off: str | None = None  # why the graphs were turned off (None: on)
+
+    def __call__(self, x, y, z, epoch: int = 0):
+        if self.off is not None:
+            return self.step(x, y, z)
+        self.steps += 1
+        key = self._key(x, y, z, epoch)
+        try:
+            replay = self.replays.get(key)
+            if replay is None:
+                self.seen[key] = self.seen.get(key, 0) + 1
+                if self.seen[key] <= self.warmup_steps:
+                    return self.warmup(self.step, x, y, z)
+                # a new learning rate or epoch: the graphs of the others are never used again
+                self.replays = {k: r for k, r in self.replays.items() if k[2:] == key[2:]}
+                replay = self.replays[key] = self.capture(self.step, x, y, z)
+                self.captures += 1
+                return self._checked(replay, x, y, z)
+            if self.steps % self.check_every == 0:
+                return self._checked(replay, x, y, z)
+            return replay(x, y, z)
+        except Exception as exc:  # noqa: BLE001 - any failure of a graph: eager from here on
+            self._turn_off(f"capture or replay failed at step {self.steps}: {exc}")
+            return self.step(x, y, z)
+
+    def _key(self, x, y, z, epoch: int) -> tuple:
+        shapes = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in (x, y, z))
+        storage = tuple(p.data_ptr() for p in self.model.parameters())
+        lrs = tuple(float(g["lr"]) for g in self.opt.param_groups)
+        return (shapes, storage, lrs, epoch if self.uses_epoch else None)
+
+    def _state(self) -> list[torch.Tensor]:
+        """Every tensor a step changes: parameters, buffers, the optimiser's state."""
+        out = [*self.model.parameters(), *self.model.buffers()]
+        for group in self.opt.param_groups:
+            for p in group["params"]:
+                out += [v for v in self.opt.state.get(p, {}).values() if torch.is_tensor(v)]
+        return out
+
+    @staticmethod
+    def _put(tensors, values) -> None:
+        with torch.no_grad():
+            for t, v in zip(tensors, values, strict=True):
+                t.copy_(v)  # in place: the graphs read these very tensors
+
+    def _checked(self, replay, x, y, z):
+        """One step both ways from the same state (see the module): the graph's result if they
+        agree, else the eager one, and the graphs off."""
+        device = x.device
+        tensors = self._state()
+        before, rng = [t.detach().clone() for t in tensors], _rng(device)
+        loss, logits = self.step(x, y, z)
+        eager = [t.detach().clone() for t in tensors]
+        eager_out = tuple(None if t is None else t.detach().clone() for t in (loss, logits))
+        eager_rng = _rng(device)
+        self._put(tensors, before)
+        _set_rng(device, rng)
+        out = replay(x, y, z)
+        deviation = 0.0
+        for p, e in zip(self.model.parameters(), eager, strict=False):  # parameters come first
+            scale = max(1.0, float(e.abs().max())) if e.numel() else 1.0
+            diff = float((p.detach() - e).abs().max()) if e.numel() else 0.0
+            deviation = max(deviation, diff / scale) if diff == diff else float("nan")
+            if deviation != deviation:
+                break
+        if not deviation <= self.tolerance:  # NaN too
+            self._put(tensors, eager)
+            _set_rng(device, eager_rng)
+            self._turn_off(
+                f"deviation {deviation:.3g} from the eager step at step {self.steps} "
+                f"(tolerance {self.tolerance:g})"
+            )
+            return eager_out
+        self.checks += 1
+        self.max_deviation = max(self.max_deviation, deviation)
+        return out
+
+    def _turn_off(self, why: str) -> None:
+        self.off = why
+        self.replays.clear()
+        if self.log is not None:
+            self.log(f"training step: CUDA graphs off, eager from here on ({why})")
+
+    def record(self) -> dict:
+        """What the run's config keeps (``training_step``): whether graphs ran (and until
+        when), the steps, captures, the checks against the eager step that passed and their
+        largest deviation."""
+        return {
+            "cuda_graphs": self.off is None,
+            "steps": self.steps,
+            "captures": self.captures,
+            "checks_passed": self.checks,
+            "max_deviation": self.max_deviation,
+            "turned_off": self.off,
+        }

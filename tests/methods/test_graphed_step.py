@@ -1,0 +1,172 @@
+"""A whole training step in CUDA graphs (ccu.methods.graphed_step): used only while it gives the
+eager step's weights, turned off for good at the first check it fails or error it raises, and
+recorded in the run's config. The control flow runs on the CPU with stand-in captures that
+replay the step's Python (what a good graph gives); the real graph against the eager step is
+the device's check (benchmarks/bench_step_graphs.py)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import ccu
+from ccu.data import load_dataset
+from ccu.methods import graphed_step, training
+from ccu.methods.graphed_step import GraphedStep
+from ccu.methods.trained import _ACETObjective, _EDLObjective, _OutlierExposure
+
+
+def exact(step, x, y, z):
+    """A stand-in capture replaying the step itself (a graph that replays the eager kernels)."""
+    return step
+
+
+def eager(step, x, y, z):
+    return step(x, y, z)
+
+
+def drifting(model):
+    """A capture whose replay leaves one parameter off by 1e-3 (a graph that went wrong)."""
+
+    def capture(step, x, y, z):
+        def replay(x, y, z):
+            out = step(x, y, z)
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)
+            return out
+
+        return replay
+
+    return capture
+
+
+def broken(step, x, y, z):
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+@pytest.fixture
+def graphs_on(monkeypatch):
+    """The trainer's graphs as on CUDA, with a stand-in capture (the CPU has no CUDA graphs)
+    and Adam as an eager CPU run builds it (its capturable form needs a GPU)."""
+    monkeypatch.setattr(training, "graphs_wanted", lambda device: True)
+    monkeypatch.setattr(graphed_step, "cuda_warmup", eager)
+    make = training.make_optimizer
+    monkeypatch.setattr(
+        training, "make_optimizer", lambda model, settings, capturable=False: make(model, settings)
+    )
+
+
+def _train(epochs=3, ccu_model=True, objective=None, graphs=True):
+    data = load_dataset("digits", seed=0).subset(300)
+    torch.manual_seed(0)
+    classifier = ccu.MLP(64, 10, hidden=16)
+    model = (
+        ccu.init_ccu(classifier, data.train_x, data.out_x, data.num_classes, n_components=5)
+        if ccu_model
+        else classifier
+    )
+    # milestones inside the run: the learning rate changes, and a graph for each rate
+    settings = replace(ccu.train_settings("digits"), batch_size=64, milestones=(0.34, 0.67))
+    trainer = ccu.Trainer(epochs=epochs, settings=settings, progress=False)
+    if not graphs:  # the eager reference, as on the CPU
+        trainer._graphs_wanted = lambda objective: False
+    hist = trainer.fit(model, data, objective=objective)
+    return model, hist, trainer
+
+
+def _same(a, b):
+    return all(
+        torch.equal(p, q)
+        for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+
+
+def test_a_graphed_training_gives_the_eager_ones_weights_and_history(graphs_on, monkeypatch):
+    eager_model, eager_hist, trainer = _train(graphs=False)
+    assert trainer.step_record() is None  # eager from the start
+    monkeypatch.setattr(graphed_step, "cuda_capture", exact)
+    model, hist, trainer = _train()
+    assert _same(model, eager_model)
+    assert hist.loss == eager_hist.loss and hist.constraint_gap == eager_hist.constraint_gap
+    rec = trainer.step_record()
+    # 300 points in batches of 64: four full and a last of 44, three learning rates; each key
+    # captured after two eager steps, and checked at its first replay
+    assert rec["cuda_graphs"] and rec["turned_off"] is None and rec["steps"] == 15
+    assert rec["captures"] == 3 and rec["checks_passed"] == 3 and rec["max_deviation"] == 0.0
+
+
+@pytest.mark.parametrize("capture", ["drifting", "broken"])
+def test_a_graph_that_deviates_or_fails_turns_off_and_the_training_is_the_eager_one(
+    graphs_on, monkeypatch, capsys, capture
+):
+    eager_model, eager_hist, _ = _train(epochs=2, graphs=False)
+    if capture == "broken":
+        monkeypatch.setattr(graphed_step, "cuda_capture", broken)
+    else:  # the step is the trainer's (_ObjectiveStep.one_step): its model drifts
+        monkeypatch.setattr(
+            graphed_step,
+            "cuda_capture",
+            lambda step, x, y, z: drifting(step.__self__.model)(step, x, y, z),
+        )
+    model, hist, trainer = _train(epochs=2)
+    assert _same(model, eager_model) and hist.loss == eager_hist.loss  # the eager step kept
+    rec = trainer.step_record()
+    assert not rec["cuda_graphs"] and rec["checks_passed"] == 0
+    why = "deviation 0.001" if capture == "drifting" else "capture or replay failed at step 3"
+    said = [line for line in capsys.readouterr().err.splitlines() if "CUDA graphs off" in line]
+    assert why in rec["turned_off"] and len(said) == 1 and why in said[0]
+
+
+def test_every_check_every_th_step_is_checked_and_an_epoch_objective_has_a_graph_an_epoch():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+
+    def step(x, y, z):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss, None
+
+    g = GraphedStep(step, model, opt, capture=exact, warmup=eager, check_every=4, uses_epoch=True)
+    for epoch in range(2):
+        for _ in range(6):
+            g(x, y, None, epoch)
+    rec = g.record()
+    # per epoch: steps 1-2 eager, 3 captured and checked; the 4th and 8th of the 12 checked too
+    assert rec["captures"] == 2 and rec["checks_passed"] == 2 + 2 and len(g.replays) == 1
+
+
+def test_only_graphable_objectives_on_cuda_in_float32_are_graphed(monkeypatch):
+    monkeypatch.setattr(training, "graphs_wanted", lambda device: True)
+    trainer = ccu.Trainer(epochs=1)
+    assert trainer._graphs_wanted(training.ccu_objective)
+    assert trainer._graphs_wanted(training.cross_entropy_objective)
+    assert trainer._graphs_wanted(_OutlierExposure(0.5))
+    acet = _ACETObjective(1.0, 0.3, 40, False, 0, (0.0, 1.0))
+    assert not trainer._graphs_wanted(acet)  # its inner attack has graphs of its own
+    assert not trainer._graphs_wanted(_EDLObjective())  # builds a tensor from a float a step
+    assert not ccu.Trainer(epochs=1, precision="bf16")._graphs_wanted(training.ccu_objective)
+    assert not ccu.Trainer(epochs=1, compile=True)._graphs_wanted(training.ccu_objective)
+    monkeypatch.undo()
+    assert not trainer._graphs_wanted(training.ccu_objective)  # the CPU: eager
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lease's check)")
+def test_the_cuda_graph_of_a_ccu_step_gives_the_eager_steps_weights():
+    data = load_dataset("digits", seed=0).subset(256)
+    models = []
+    for graphs in (False, True):
+        torch.manual_seed(0)
+        model = ccu.init_ccu(
+            ccu.MLP(64, 10, hidden=16), data.train_x, data.out_x, data.num_classes, n_components=5
+        )
+        settings = replace(ccu.train_settings("digits"), batch_size=64)
+        trainer = ccu.Trainer(epochs=3, settings=settings, device="cuda", progress=False)
+        if not graphs:
+            trainer._graphs_wanted = lambda objective: False
+        trainer.fit(model, data)
+        models.append(model.cpu())
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-4)
