@@ -16,9 +16,12 @@ that reads it (EDL's annealing; ``uses_epoch``) and the parameters' storage. For
   captured and replayed, and so on, with the batch copied into the graph's static inputs;
 * its first replay, and every :attr:`GraphedStep.check_every`-th step after it, is compared with
   the eager step from the same state: the model, the optimiser's state and the RNG are saved,
-  the eager step is taken, the state is put back in place and the graph replayed; the largest
-  difference of a parameter, relative to that parameter's scale, must be at most
-  :attr:`GraphedStep.tolerance`;
+  the eager step is taken, the state is put back in place and the graph replayed; every
+  tensor's distance from the eager step's result, over how far that step moved it, must be at
+  most :attr:`GraphedStep.tolerance` (1e-2: a small learning rate moves little, so a distance
+  relative to the tensor's own size would miss a skipped update), and the loss must agree;
+* the last warm-up step runs with host syncs refused (CUDA's sync debug mode): a step that
+  reads back to the host, which no capture holds, is found eagerly, not inside a capture;
 * a larger difference (NaN too), or any error while capturing or replaying, turns the graphs off
   for the rest of the training: the eager step's result is kept (the state it left is put back)
   and the training goes on eagerly from there, which says why once;
@@ -80,6 +83,18 @@ def cuda_capture(step: Step, x, y, z):
     return replay
 
 
+def cuda_sync_checked(warmup: Warmup, step: Step, x, y, z):
+    """The last eager step before a capture, with CUDA's sync debug mode at ``"error"``: a
+    read-back to the host (which a capture cannot hold, and whose failure inside a capture can
+    leave the RNG in capture mode) raises here, in an eager step, instead."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return warmup(step, x, y, z)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
 def _rng(device: torch.device):
     return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
 
@@ -107,8 +122,9 @@ class GraphedStep:
     ...     opt.step()
     ...     return loss, None
     >>> replay_python = lambda step, x, y, z: step  # a stand-in for a graph, on the CPU
-    >>> graphed = GraphedStep(step, model, opt, capture=replay_python,
-    ...                       warmup=lambda step, x, y, z: step(x, y, z), check_every=3)
+    >>> eager = lambda step, x, y, z: step(x, y, z)
+    >>> graphed = GraphedStep(step, model, opt, capture=replay_python, warmup=eager,
+    ...                       sync_checked=lambda warmup, *args: warmup(*args), check_every=3)
     >>> for _ in range(6):
     ...     _ = graphed(torch.ones(4, 2), torch.zeros(4), None)
     >>> graphed.record()["cuda_graphs"], graphed.record()["checks_passed"]
@@ -117,17 +133,21 @@ class GraphedStep:
 
     #: compare with the eager step every this many steps (and at each key's first replay)
     check_every = 200
-    #: eager steps of a key before it is captured
+    #: eager steps of a key before it is captured (the last with host syncs refused)
     warmup_steps = 2
-    #: the largest difference of a parameter after one step, relative to its largest value
-    #: (at least 1), still taken as equal: float rounding, atomics in cuDNN's backward
-    tolerance = 1e-5
+    #: how far the graph's step may land from the eager one, relative to how far the eager step
+    #: moved each tensor (norms): float rounding and cuDNN's atomics move it by ~1e-6 of the
+    #: step; a skipped or garbled update by ~1. The loss must agree to 1e-4 of itself.
+    tolerance = 1e-2
+    loss_tolerance = 1e-4
 
     def __init__(self, step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer,
                  capture: Capture | None = None, warmup: Warmup | None = None, log=say,
-                 check_every: int | None = None, uses_epoch: bool = False):  # fmt: skip
+                 check_every: int | None = None, uses_epoch: bool = False,
+                 sync_checked: Callable | None = None):  # fmt: skip
         self.step, self.model, self.opt = step, model, opt
         self.capture, self.warmup = capture or cuda_capture, warmup or cuda_warmup
+        self.sync_checked = sync_checked or cuda_sync_checked
         self.log, self.uses_epoch = log, uses_epoch
         if check_every is not None:
             self.check_every = check_every
@@ -142,29 +162,49 @@ class GraphedStep:
             return self.step(x, y, z)
         self.steps += 1
         key = self._key(x, y, z, epoch)
-        try:
-            replay = self.replays.get(key)
-            if replay is None:
-                self.seen[key] = self.seen.get(key, 0) + 1
-                if self.seen[key] <= self.warmup_steps:
-                    return self.warmup(self.step, x, y, z)
-                # a new learning rate or epoch: the graphs of the others are never used again
-                self.replays = {k: r for k, r in self.replays.items() if k[2:] == key[2:]}
-                replay = self.replays[key] = self.capture(self.step, x, y, z)
-                self.captures += 1
-                return self._checked(replay, x, y, z)
-            if self.steps % self.check_every == 0:
-                return self._checked(replay, x, y, z)
+        replay = self.replays.get(key)
+        if replay is None:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if self.seen[key] < self.warmup_steps:
+                return self.warmup(self.step, x, y, z)
+            if self.seen[key] == self.warmup_steps:
+                return self._sync_free(x, y, z)
+            # a new learning rate or epoch: the graphs of the others are never used again
+            self.replays = {k: r for k, r in self.replays.items() if k[2:] == key[2:]}
+            try:  # captured, not run: nothing of the training changed yet
+                replay = self.capture(self.step, x, y, z)
+            except Exception as exc:  # noqa: BLE001 - any failure of a capture: eager from here on
+                self._turn_off(f"capture failed at step {self.steps}: {exc}")
+                return self.step(x, y, z)
+            self.replays[key] = replay
+            self.captures += 1
+            return self._checked(replay, x, y, z)
+        if self.steps % self.check_every == 0:
+            return self._checked(replay, x, y, z)
+        try:  # a replay raises before it launches, if at all: the step was not taken
             return replay(x, y, z)
-        except Exception as exc:  # noqa: BLE001 - any failure of a graph: eager from here on
-            self._turn_off(f"capture or replay failed at step {self.steps}: {exc}")
+        except Exception as exc:  # noqa: BLE001
+            self._turn_off(f"replay failed at step {self.steps}: {exc}")
+            return self.step(x, y, z)
+
+    def _sync_free(self, x, y, z):
+        """A key's last warm-up step with host syncs refused (:func:`cuda_sync_checked`); one
+        that syncs is taken again eagerly from the state before it, and the graphs go off."""
+        tensors = self._state()
+        before, rng = [t.detach().clone() for t in tensors], _rng(x.device)
+        try:
+            return self.sync_checked(self.warmup, self.step, x, y, z)
+        except Exception as exc:  # noqa: BLE001
+            self._put(tensors, before)
+            _set_rng(x.device, rng)
+            self._turn_off(f"the step reads back to the host (step {self.steps}): {exc}")
             return self.step(x, y, z)
 
     def _key(self, x, y, z, epoch: int) -> tuple:
         shapes = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in (x, y, z))
         storage = tuple(p.data_ptr() for p in self.model.parameters())
         lrs = tuple(float(g["lr"]) for g in self.opt.param_groups)
-        return (shapes, storage, lrs, epoch if self.uses_epoch else None)
+        return (shapes, storage, lrs, epoch if self.uses_epoch else None, self.model.training)
 
     def _state(self) -> list[torch.Tensor]:
         """Every tensor a step changes: parameters, buffers, the optimiser's state."""
@@ -180,6 +220,30 @@ class GraphedStep:
             for t, v in zip(tensors, values, strict=True):
                 t.copy_(v)  # in place: the graphs read these very tensors
 
+    def _deviation(self, tensors, before, eager, out, eager_out) -> float:
+        """The largest deviation of the graph's step from the eager one: each tensor's distance
+        from where the eager step left it, over how far that step moved it (norms); the loss's
+        relative difference, scaled to :attr:`tolerance`. NaN counts as infinite."""
+        worst = 0.0
+        for t, b, e in zip(tensors, before, eager, strict=True):
+            if not t.is_floating_point():  # counters (batch norm's): exactly
+                if not torch.equal(t, e):
+                    return float("inf")
+                continue
+            g64, e64, b64 = t.detach().double(), e.double(), b.double()
+            moved = float(torch.linalg.vector_norm(e64 - b64))
+            off = float(torch.linalg.vector_norm(g64 - e64))
+            floor = 1e-7 * float(torch.linalg.vector_norm(e64)) + 1e-30
+            d = off / (moved + floor)
+            if d != d:
+                return float("inf")
+            worst = max(worst, d)
+        if out[0] is not None and eager_out[0] is not None:
+            gl, el = float(out[0].detach()), float(eager_out[0])
+            d = abs(gl - el) / (abs(el) + 1e-6) * self.tolerance / self.loss_tolerance
+            worst = max(worst, d if d == d else float("inf"))
+        return worst
+
     def _checked(self, replay, x, y, z):
         """One step both ways from the same state (see the module): the graph's result if they
         agree, else the eager one, and the graphs off."""
@@ -190,27 +254,31 @@ class GraphedStep:
         eager = [t.detach().clone() for t in tensors]
         eager_out = tuple(None if t is None else t.detach().clone() for t in (loss, logits))
         eager_rng = _rng(device)
-        self._put(tensors, before)
-        _set_rng(device, rng)
-        out = replay(x, y, z)
-        deviation = 0.0
-        for p, e in zip(self.model.parameters(), eager, strict=False):  # parameters come first
-            scale = max(1.0, float(e.abs().max())) if e.numel() else 1.0
-            diff = float((p.detach() - e).abs().max()) if e.numel() else 0.0
-            deviation = max(deviation, diff / scale) if diff == diff else float("nan")
-            if deviation != deviation:
-                break
-        if not deviation <= self.tolerance:  # NaN too
+        try:
+            self._put(tensors, before)
+            _set_rng(device, rng)
+            out = replay(x, y, z)
+            deviation = self._deviation(tensors, before, eager, out, eager_out)
+        except Exception as exc:  # noqa: BLE001 - the eager step stands, as it left the state
+            deviation, why = float("inf"), f"replay failed at step {self.steps}: {exc}"
+        else:
+            why = (f"deviation {deviation:.3g} from the eager step at step {self.steps} "
+                   f"(tolerance {self.tolerance:g}; up to {self.check_every - 1} graphed steps "
+                   "before it were not checked)")  # fmt: skip
+        if not deviation <= self.tolerance:
             self._put(tensors, eager)
             _set_rng(device, eager_rng)
-            self._turn_off(
-                f"deviation {deviation:.3g} from the eager step at step {self.steps} "
-                f"(tolerance {self.tolerance:g})"
-            )
+            self._turn_off(why)
             return eager_out
         self.checks += 1
         self.max_deviation = max(self.max_deviation, deviation)
         return out
+
+    def release(self) -> None:
+        """Drop the graphs and their memory (the training is over); :meth:`record` stays."""
+        self.replays.clear()
+        self.seen.clear()
+        self.step = self.model = self.opt = None
 
     def _turn_off(self, why: str) -> None:
         self.off = why

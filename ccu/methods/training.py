@@ -217,7 +217,8 @@ def make_optimizer(model: nn.Module, settings: TrainSettings,
     """The optimiser of ``settings`` (Adam or SGD with momentum 0.9) for ``model``: weight decay
     on the classifier, and a CCU's densities in the parameter groups they declare (their own
     learning rate, no weight decay). ``capturable``: Adam keeps its step count on the device,
-    so that a CUDA graph of the step can replay it (:mod:`ccu.methods.graphed_step`). Chapter
+    so that a CUDA graph of the step can replay it (:mod:`ccu.methods.graphed_step`; the
+    trainer asks for it on every CUDA run). Chapter
     *Training Base and CCU*."""
     density_groups, density_ids = [], set()
     if isinstance(model, CCU):  # each density declares its own groups (lr, weight decay)
@@ -285,7 +286,9 @@ class Trainer:
         if objective is None:
             objective = ccu_objective if isinstance(model, CCU) else cross_entropy_objective
         graphs = self._graphs_wanted(objective)
-        opt = make_optimizer(model, self.settings, capturable=graphs)
+        # Adam capturable on every CUDA run, graphed or not: its bias corrections are then
+        # computed alike (on the device), so turning the graphs off changes no result
+        opt = make_optimizer(model, self.settings, capturable=self.device.type == "cuda")
         milestones = sorted({max(1, round(m * self.epochs)) for m in self.settings.milestones})
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=0.1)
         is_ccu = isinstance(model, CCU)
@@ -309,11 +312,15 @@ class Trainer:
                 self.graphed = GraphedStep(
                     step.one_step, model, opt, uses_epoch=objective.uses_epoch
                 )
-            hist = run_epochs(
-                step, model, loader, self.epochs, self.device, checkpoint=checkpoint,
-                on_epoch_end=on_epoch_end, progress=self.progress, desc=f"train {data.name}",
-                info=info,
-            )  # fmt: skip
+            try:
+                hist = run_epochs(
+                    step, model, loader, self.epochs, self.device, checkpoint=checkpoint,
+                    on_epoch_end=on_epoch_end, progress=self.progress, desc=f"train {data.name}",
+                    info=info,
+                )  # fmt: skip
+            finally:  # the graphs' memory goes with the training, however it ends
+                if self.graphed is not None:
+                    self.graphed.release()
         model.eval()
         return hist
 
