@@ -972,6 +972,31 @@ def data_parts(dataset: str) -> list[str]:
     return [_shown(p) for p in sorted(found, key=lambda p: int(p.name[5:]))]
 
 
+#: MiB a call may carry, the project included: ``tools/pack_data.py``'s limit, a margin under
+#: the device's 64
+CARRY_MIB = 56
+
+
+def fit_too_big(inits: list[Path], dataset: str, parts: list[str]) -> str | None:
+    """Why CCU's prepared fit (``inits``) cannot travel with CCU's call, or None: with the
+    data's one part (several parts come in data calls of their own) and the project it would
+    be over :data:`CARRY_MIB` (CIFAR-10's metric alone, 3072 x 3072 in float64, is 75 MB)."""
+    if not inits:
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import pack_data  # the project's size as the pack measures it
+
+    fit = sum(f.stat().st_size for f in inits)
+    part = DEVDATA / dataset / "part-1"
+    data = sum(f.stat().st_size for f in part.rglob("*") if f.is_file()) if len(parts) == 1 else 0
+    project = sum(pack_data.project_bytes(REPO).values())
+    mib = 2**20
+    if fit + data + project <= CARRY_MIB * mib:
+        return None
+    return (f"{fit / mib:.1f} MiB with {data / mib:.1f} MiB of data and the project's "
+            f"{project / mib:.1f} MiB is over the {CARRY_MIB} MiB a call carries")  # fmt: skip
+
+
 #: call 0's (timeout_s, expected seconds): on MNIST five methods on LeNet and VGG13 (~150 s);
 #: elsewhere up to nine, on ResNet18 (on 2 CPU cores an FMNIST CCU and Base took 150 s for two
 #: batches each: not a GPU's measure, so the room is generous)
@@ -1012,6 +1037,12 @@ def print_plan(args) -> int:
     folder = reference_dir(args.reference, label, args.dataset)
     done = committed_parts(folder)
     inits = sorted(init_dir(args.dataset).glob("ccu-init-*.pt"))
+    parts = data_parts(args.dataset)
+    too_big = fit_too_big(inits, args.dataset, parts)
+    if too_big:
+        print(f"(CCU's fit in {_shown(init_dir(args.dataset))} is not carried: {too_big}; CCU "
+              f"fits it on the device, ~{CCU_BUILD_S} s of its call, as planned below)")  # fmt: skip
+        inits = []
     record = read_inflight(label, args.dataset, resume_dir(args.reference))
     inflight = {m: (d["epochs_done"], d["epochs"]) for m, d in record.items()}
     if inflight:
@@ -1023,7 +1054,6 @@ def print_plan(args) -> int:
                   "warm: the next call starts within 30 s of the last one's end) they continue, "
                   "else they start over")  # fmt: skip
 
-    parts = data_parts(args.dataset)
     # data in several parts: each carried by a call of its own first (64 MiB a call), unless
     # the machine is still warm and holds them gathered (--warm)
     data_calls = parts if len(parts) > 1 and not args.warm else []
@@ -1067,7 +1097,8 @@ def print_plan(args) -> int:
     with_ccu = any("CCU" in c[0] for c in calls)
     if inits and with_ccu:  # checked on the device before CCU trains (lease_run.sh)
         carry.append(_shown(init_dir(args.dataset)))
-    elif not inits and "CCU" in too_long or "CCU" in [m for c in calls for m in c[0]]:
+    elif (not inits and not too_big and "CCU" in too_long
+          or "CCU" in [m for c in calls for m in c[0]] and not too_big):  # fmt: skip
         given = f" --overrides '{json.dumps(fields)}'" if fields else ""
         print(
             f"first, here: python tools/lease.py prepare --dataset {args.dataset}{given}   (CCU's "

@@ -571,6 +571,33 @@ def test_data_in_several_parts_is_carried_one_part_a_call_before_the_others(
     assert calls and all(lease.data_parts("mnist")[0] in c for c in calls)
 
 
+def test_a_ccu_fit_too_big_to_carry_is_left_here_and_ccu_planned_with_its_build(
+    tmp_path, monkeypatch, capsys
+):
+    """CIFAR-10's prepared fit holds a 3072 x 3072 float64 metric (75 MB): with the project it
+    is over what a call carries, so the plan neither carries it nor counts on it (CCU is
+    planned with its build on the device), and says so; a fit that fits is carried."""
+    monkeypatch.setattr(lease, "DEVDATA", tmp_path / "devdata")
+    monkeypatch.setattr(lease, "init_dir", lambda dataset: tmp_path / "init" / dataset)
+    fit = tmp_path / "init" / "cifar10-jpeg" / "ccu-init-0.pt"
+    fit.parent.mkdir(parents=True)
+    with open(fit, "wb") as f:  # sparse: its size without the bytes
+        f.truncate(75 * 2**20)
+    ref = tmp_path / "ref"
+    plan = ["plan", "--dataset", "cifar10-jpeg", "--reference", str(ref), "--epochs", "20"]
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out
+    assert "is not carried: 75.0 MiB" in said and "over the 56 MiB a call carries" in said
+    calls = [line for line in said.splitlines() if line.startswith("call 1")]
+    assert calls and str(fit.parent) not in calls[0] and "prepare --dataset" not in said
+    with open(fit, "wb") as f:
+        f.truncate(2**20)
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out
+    calls = [line for line in said.splitlines() if line.startswith("call 1")]
+    assert "is not carried" not in said and calls and str(fit.parent) in calls[0]
+
+
 def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
     argv = ["call", "smoke", json.dumps(TINY), "digits", "--jobs", "1", "--methods"]
     assert lease.main([*argv, "CCU", "/", "Base", "ODIN", "/", "OE"]) == 0
