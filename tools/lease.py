@@ -1024,6 +1024,8 @@ def grid_label(args) -> tuple[str, dict]:
 
 
 def print_plan(args) -> int:
+    from ccu.run.config import get_profile
+
     try:
         label, fields = grid_label(args)
     except (ValueError, TypeError) as exc:  # an unknown profile or dataset: one line
@@ -1178,7 +1180,7 @@ def print_plan(args) -> int:
         if ccu_first and m != "CCU":
             continue  # said once, after CCU's line
         if m == "CCU":  # no variant: every method is attacked in the balls CCU certifies
-            whole = get_profile_label(args.profile, args.dataset, n) if n >= 5 else ""
+            whole = get_profile(args.profile, args.dataset, epochs=max(n, 1)).label
             what = (
                 "every other method is attacked in the balls it certifies, so none of "
                 f"{label} can run before it; "
@@ -1246,13 +1248,6 @@ def print_plan(args) -> int:
         print(f"{', '.join(graphed)}: planned with the inner attack in CUDA graphs "
               f"({_shown(GRAPHS_BENCH)})")  # fmt: skip
     return 0
-
-
-def get_profile_label(profile: str, dataset: str, epochs: int) -> str:
-    """The label of ``profile`` on ``dataset`` at ``epochs`` epochs (``paper-e70``)."""
-    from ccu.run.config import get_profile
-
-    return get_profile(profile, dataset, epochs=epochs).label
 
 
 # ----------------------------------------------------------------------------- prepare

@@ -50,7 +50,7 @@ def graphs_on(monkeypatch):
     and Adam as an eager CPU run builds it (its capturable form needs a GPU)."""
     monkeypatch.setattr(training, "graphs_wanted", lambda device: True)
     monkeypatch.setattr(graphed_step, "cuda_warmup", eager)
-    monkeypatch.setattr(graphed_step, "cuda_sync_checked", lambda warmup, *args: warmup(*args))
+    monkeypatch.setattr(graphed_step, "cuda_sync_checked", unchecked)
     make = training.make_optimizer
     monkeypatch.setattr(
         training, "make_optimizer", lambda model, settings, capturable=False: make(model, settings)
@@ -118,32 +118,11 @@ def test_a_graph_that_deviates_or_fails_turns_off_and_the_training_is_the_eager_
     assert why in rec["turned_off"] and len(said) == 1 and why in said[0]
 
 
-def test_every_check_every_th_step_is_checked_and_an_epoch_objective_has_a_graph_an_epoch():
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
-
-    def step(x, y, z):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss, None
-
-    g = GraphedStep(step, model, opt, capture=exact, warmup=eager, check_every=4, uses_epoch=True,
-                    sync_checked=lambda warmup, *args: warmup(*args))  # fmt: skip
-    for epoch in range(2):
-        for _ in range(6):
-            g(x, y, None, epoch)
-    rec = g.record()
-    # per epoch: steps 1-2 eager, 3 captured and checked; the 4th and 8th of the 12 checked too
-    assert rec["captures"] == 2 and rec["checks_passed"] == 2 + 2 and len(g.replays) == 1
-
-
-def _tiny(lr):
+def _tiny(lr, optimizer=torch.optim.Adam, **options):
+    """A linear model, its optimiser, one batch and its training step."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = optimizer(model.parameters(), lr=lr, **options)
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
 
     def step(x, y, z):
@@ -156,6 +135,23 @@ def _tiny(lr):
     return model, opt, x, y, step
 
 
+def unchecked(warmup, *args):
+    """A stand-in for CUDA's sync debug mode (none on the CPU): the warm-up as it is."""
+    return warmup(*args)
+
+
+def test_every_check_every_th_step_is_checked_and_an_epoch_objective_has_a_graph_an_epoch():
+    model, opt, x, y, step = _tiny(0.1, torch.optim.SGD, momentum=0.9)
+    g = GraphedStep(step, model, opt, capture=exact, warmup=eager, check_every=4, uses_epoch=True,
+                    sync_checked=unchecked)  # fmt: skip
+    for epoch in range(2):
+        for _ in range(6):
+            g(x, y, None, epoch)
+    rec = g.record()
+    # per epoch: steps 1-2 eager, 3 captured and checked; the 4th and 8th of the 12 checked too
+    assert rec["captures"] == 2 and rec["checks_passed"] == 2 + 2 and len(g.replays) == 1
+
+
 def test_a_graph_that_skips_the_update_is_caught_even_at_a_tiny_learning_rate():
     """At Adam's learning rate 1e-7 (a CCU mixture's after its milestones) a step moves each
     weight by ~1e-7: a graph that leaves the weights as they were is still wrong, and the check,
@@ -166,7 +162,7 @@ def test_a_graph_that_skips_the_update_is_caught_even_at_a_tiny_learning_rate():
         return lambda x, y, z: (torch.nn.functional.cross_entropy(model(x), y), None)
 
     g = GraphedStep(step, model, opt, capture=forward_only, warmup=eager,
-                    sync_checked=lambda warmup, *args: warmup(*args), log=None)  # fmt: skip
+                    sync_checked=unchecked, log=None)  # fmt: skip
     for _ in range(4):
         g(x, y, None)
     assert "deviation 1 " in g.record()["turned_off"]
