@@ -8,7 +8,10 @@ network. G and D are small fully connected networks.
 
 The three networks train in one :class:`ccu.methods.training.EpochStep` (:class:`GANStep`: three optimisers
 and the generator's noise) in the epoch loop every training shares (:func:`ccu.methods.training.run_epochs`:
-checkpoints, resuming, ``on_epoch_end``).
+checkpoints, resuming, ``on_epoch_end``). On CUDA its step (the three networks' updates) runs in
+CUDA graphs, checked against the eager step as it trains (:mod:`ccu.methods.graphed_step`): a
+GAN step launches three VGG13 forwards and two backwards, the 2026-11-28 lease measured 15.2 s
+an epoch of MNIST (four methods at once), twice MCD's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from torch import nn
 from ccu.core.losses import uniform_cross_entropy
 from ccu.data.batches import PairedLoader, host_to_device
 from ccu.methods.base import BaseMethod, register_method
+from ccu.methods.cuda_graphs import graphs_wanted
+from ccu.methods.graphed_step import GraphedStep
 from ccu.methods.training import (
     EpochCallback,
     EpochResult,
@@ -108,10 +113,15 @@ class GANMethod(BaseMethod):
         )
         check_training_data(data)
         step = GANStep(m, loader, self.settings, self.seed, self.latent, self.beta, self.device)
-        hist = run_epochs(
-            step, m, loader, self.profile.epochs, self.device, checkpoint=checkpoint,
-            on_epoch_end=on_epoch_end, progress=self.progress, desc="train GAN",
-        )  # fmt: skip
+        try:
+            hist = run_epochs(
+                step, m, loader, self.profile.epochs, self.device, checkpoint=checkpoint,
+                on_epoch_end=on_epoch_end, progress=self.progress, desc="train GAN",
+            )  # fmt: skip
+        finally:  # the graphs' memory goes with the training, however it ends
+            if step.graphed is not None:
+                step.graphed.release()
+        self.step_records = [step.graphed.record() if step.graphed is not None else None]
         m.eval()
         return hist
 
@@ -133,12 +143,23 @@ class GANStep(EpochStep):
             model["discriminator"],
         )
         self.loader, self.latent, self.beta, self.device = loader, latent, beta, device
+        # Adam capturable on every CUDA run, graphed or not (as ccu.Trainer builds it): turning
+        # the graphs off then changes no result
+        cuda = torch.device(device).type == "cuda"
+        adam = dict(betas=(0.5, 0.999), capturable=cuda)
         self.opts = {
-            "classifier": make_optimizer(self.clf, settings),
-            "generator": torch.optim.Adam(self.gen.parameters(), 2e-4, betas=(0.5, 0.999)),
-            "discriminator": torch.optim.Adam(self.disc.parameters(), 2e-4, betas=(0.5, 0.999)),
+            "classifier": make_optimizer(self.clf, settings, capturable=cuda),
+            "generator": torch.optim.Adam(self.gen.parameters(), 2e-4, **adam),
+            "discriminator": torch.optim.Adam(self.disc.parameters(), 2e-4, **adam),
         }
         self.noise = torch.Generator().manual_seed(seed + 1)
+        #: the step in CUDA graphs (on CUDA unless CCU_CUDA_GRAPHS=0; it runs in float32,
+        #: uncompiled), checked against the eager step as it trains; None: eager
+        self.graphed = (
+            GraphedStep(self.one_step, model, list(self.opts.values()))
+            if graphs_wanted(device)
+            else None
+        )
 
     def state_dict(self) -> dict:
         optimizers = {k: o.state_dict() for k, o in self.opts.items()}
@@ -150,40 +171,48 @@ class GANStep(EpochStep):
         self.noise.set_state(state["noise"].cpu())  # loaded onto a GPU, the state is there
 
     def run(self, epoch: int) -> EpochResult:
-        clf, gen, disc, beta = self.clf, self.gen, self.disc, self.beta
-        opt_c, opt_g, opt_d = self.opts.values()
         # sums on the device, read once per epoch (as ccu.Trainer does)
         sums, n = torch.zeros(2, dtype=torch.float64, device=self.device), 0
+        step = self.one_step if self.graphed is None else self.graphed
         for x, y, _ in self.loader:
-            # drawn on the CPU (the same on every device), copied without a host sync
+            # drawn on the CPU (the same on every device), copied without a host sync; outside
+            # the step, so that a graph of the step takes it as an input
             z = host_to_device(torch.randn(len(x), self.latent, generator=self.noise), x.device)
-            z = z.to(x.dtype)
-            fake = gen(z)
-            # discriminator: real in-data vs generated
-            d_loss = F.binary_cross_entropy_with_logits(
-                disc(x), torch.ones(len(x), device=x.device)
-            ) + F.binary_cross_entropy_with_logits(
-                disc(fake.detach()), torch.zeros(len(x), device=x.device)
-            )
-            opt_d.zero_grad()
-            d_loss.backward()
-            opt_d.step()
-            # generator: fool D while the classifier is uniform on its samples
-            g_loss = F.binary_cross_entropy_with_logits(
-                disc(fake), torch.ones(len(x), device=x.device)
-            ) + beta * kl_uniform(clf(fake))
-            opt_g.zero_grad()
-            g_loss.backward()
-            opt_g.step()
-            # classifier: cross-entropy + uniform on generated samples
-            logits = clf(x)
-            c_loss = F.cross_entropy(logits, y) + beta * kl_uniform(clf(fake.detach()))
-            opt_c.zero_grad()
-            c_loss.backward()
-            opt_c.step()
+            c_loss, logits = step(x, y, z.to(x.dtype))
             with torch.no_grad():
                 correct = (logits.argmax(1) == y).sum().double()
                 sums += torch.stack([c_loss.detach().double() * len(x), correct])
             n += len(x)
         loss_sum, correct = sums.tolist()
         return EpochResult(loss_sum, correct, n, [])
+
+    def one_step(self, x, y, z):
+        """One step of the three networks on the in-batch ``x, y`` and the generator's noise
+        ``z``: ``(the classifier's loss, its logits of x)``. Device work only, nothing read
+        back, so that a CUDA graph can hold it (:mod:`ccu.methods.graphed_step`)."""
+        clf, gen, disc, beta = self.clf, self.gen, self.disc, self.beta
+        opt_c, opt_g, opt_d = self.opts.values()
+        fake = gen(z)
+        # discriminator: real in-data vs generated
+        d_loss = F.binary_cross_entropy_with_logits(
+            disc(x), torch.ones(len(x), device=x.device)
+        ) + F.binary_cross_entropy_with_logits(
+            disc(fake.detach()), torch.zeros(len(x), device=x.device)
+        )
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        # generator: fool D while the classifier is uniform on its samples
+        g_loss = F.binary_cross_entropy_with_logits(
+            disc(fake), torch.ones(len(x), device=x.device)
+        ) + beta * kl_uniform(clf(fake))
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+        # classifier: cross-entropy + uniform on generated samples
+        logits = clf(x)
+        c_loss = F.cross_entropy(logits, y) + beta * kl_uniform(clf(fake.detach()))
+        opt_c.zero_grad()
+        c_loss.backward()
+        opt_c.step()
+        return c_loss.detach(), logits.detach()

@@ -30,7 +30,8 @@ that reads it (EDL's annealing; ``uses_epoch``) and the parameters' storage. For
 
 The graph is a statement about speed only, never about results. Only a float32 training on CUDA
 without ``compile`` uses it, and only with an objective that declares ``graphable`` (ACET's
-holds graphs of its own: :mod:`ccu.methods.cuda_graphs`); ``CCU_CUDA_GRAPHS=0`` turns it off. The
+holds graphs of its own: :mod:`ccu.methods.cuda_graphs`) or GAN's step (its three networks:
+:class:`ccu.methods.gan.GANStep`); ``CCU_CUDA_GRAPHS=0`` turns it off. The
 CPU path is the eager step. Written here rather than with ``torch.compile(mode=
 "reduce-overhead")``: compile would trace CCU's densities, the optimiser and the constraint
 anew for each shape and learning rate, and a plain graph of the eager code replays the very
@@ -39,7 +40,7 @@ kernels the eager step launches, so the check can ask for equality to float tole
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -109,8 +110,9 @@ def _set_rng(device: torch.device, state) -> None:
 class GraphedStep:
     """``step`` replayed from CUDA graphs, checked against the eager ``step`` (see the module).
     ``model`` and ``opt`` are what ``step`` trains (their state is saved and put back for a
-    check); ``capture`` and ``warmup`` default to CUDA's (the tests pass their own); ``log``
-    (default: stderr) is told once when the graphs are turned off.
+    check; ``opt`` may be a sequence of optimisers, e.g. GAN's three); ``capture`` and
+    ``warmup`` default to CUDA's (the tests pass their own); ``log`` (default: stderr) is told
+    once when the graphs are turned off.
 
     >>> import torch
     >>> model = torch.nn.Linear(2, 1)
@@ -141,11 +143,13 @@ class GraphedStep:
     tolerance = 1e-2
     loss_tolerance = 1e-4
 
-    def __init__(self, step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer,
+    def __init__(self, step: Step, model: torch.nn.Module,
+                 opt: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
                  capture: Capture | None = None, warmup: Warmup | None = None, log=say,
                  check_every: int | None = None, uses_epoch: bool = False,
                  sync_checked: Callable | None = None):  # fmt: skip
-        self.step, self.model, self.opt = step, model, opt
+        self.step, self.model = step, model
+        self.opts = list(opt) if isinstance(opt, Sequence) else [opt]
         self.capture, self.warmup = capture or cuda_capture, warmup or cuda_warmup
         self.sync_checked = sync_checked or cuda_sync_checked
         self.log, self.uses_epoch = log, uses_epoch
@@ -203,15 +207,16 @@ class GraphedStep:
     def _key(self, x, y, z, epoch: int) -> tuple:
         shapes = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in (x, y, z))
         storage = tuple(p.data_ptr() for p in self.model.parameters())
-        lrs = tuple(float(g["lr"]) for g in self.opt.param_groups)
+        lrs = tuple(float(g["lr"]) for opt in self.opts for g in opt.param_groups)
         return (shapes, storage, lrs, epoch if self.uses_epoch else None, self.model.training)
 
     def _state(self) -> list[torch.Tensor]:
         """Every tensor a step changes: parameters, buffers, the optimiser's state."""
         out = [*self.model.parameters(), *self.model.buffers()]
-        for group in self.opt.param_groups:
-            for p in group["params"]:
-                out += [v for v in self.opt.state.get(p, {}).values() if torch.is_tensor(v)]
+        for opt in self.opts:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    out += [v for v in opt.state.get(p, {}).values() if torch.is_tensor(v)]
         return out
 
     @staticmethod
@@ -278,7 +283,8 @@ class GraphedStep:
         """Drop the graphs and their memory (the training is over); :meth:`record` stays."""
         self.replays.clear()
         self.seen.clear()
-        self.step = self.model = self.opt = None
+        self.step = self.model = None
+        self.opts = []
 
     def _turn_off(self, why: str) -> None:
         self.off = why

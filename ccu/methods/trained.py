@@ -7,7 +7,7 @@ silent, each method's own paper decides (noted per class).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -249,6 +249,14 @@ def edl_probabilities(logits: torch.Tensor) -> torch.Tensor:
     return alpha / alpha.sum(1, keepdim=True)
 
 
+@lru_cache
+def _lgamma_of(num_classes: int) -> float:
+    """``lgamma(num_classes)`` as float32 computes it, as a Python float: the same bits in the
+    loss as a float32 tensor of it, without copying a tensor to the device every step (a
+    host-to-device copy, which a CUDA graph of the step cannot hold)."""
+    return float(torch.lgamma(torch.tensor(float(num_classes), dtype=torch.float32)))
+
+
 def edl_loss(logits: torch.Tensor, y: torch.Tensor, epoch: int, anneal_epochs: int = 10):
     """Evidential loss (Sensoy et al. 2018, eq. 5 + the annealed KL term), batch mean.
 
@@ -265,7 +273,7 @@ def edl_loss(logits: torch.Tensor, y: torch.Tensor, epoch: int, anneal_epochs: i
     sa = a.sum(1)
     kl = (
         torch.lgamma(sa)
-        - torch.lgamma(torch.tensor(float(num_classes), device=logits.device))
+        - _lgamma_of(num_classes)
         - torch.lgamma(a).sum(1)
         + ((a - 1) * (torch.digamma(a) - torch.digamma(sa)[:, None])).sum(1)
     )
@@ -274,6 +282,9 @@ def edl_loss(logits: torch.Tensor, y: torch.Tensor, epoch: int, anneal_epochs: i
 
 
 class _EDLObjective(Objective):
+    graphable = True  # its step in CUDA graphs (ccu.methods.graphed_step), a graph an epoch
+    uses_epoch = True  # the KL term's annealing, a float of the epoch baked into the graph
+
     def __call__(self, model, x, y, z, epoch):
         logits = model(x)
         return edl_loss(logits, y, epoch), logits.detach()

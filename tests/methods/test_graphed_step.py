@@ -2,7 +2,7 @@
 eager step's weights, turned off for good at the first check it fails or error it raises, and
 recorded in the run's config. The control flow runs on the CPU with stand-in captures that
 replay the step's Python (what a good graph gives); the real graph against the eager step is
-the device's check (benchmarks/bench_step_graphs.py)."""
+the device's check (benchmarks/bench_epochs.py times both in call 0 of a lease)."""
 
 from dataclasses import replace
 
@@ -11,9 +11,9 @@ import torch
 
 import ccu
 from ccu.data import load_dataset
-from ccu.methods import graphed_step, training
+from ccu.methods import gan, get_method, graphed_step, training
 from ccu.methods.graphed_step import GraphedStep
-from ccu.methods.trained import _ACETObjective, _EDLObjective, _OutlierExposure
+from ccu.methods.trained import _ACETObjective, _EDLObjective, _OutlierExposure, edl_loss
 
 
 def exact(step, x, y, z):
@@ -82,11 +82,17 @@ def _same(a, b):
     )
 
 
-def test_a_graphed_training_gives_the_eager_ones_weights_and_history(graphs_on, monkeypatch):
-    eager_model, eager_hist, trainer = _train(graphs=False)
+@pytest.mark.parametrize("objective", ["CCU", "EDL"])
+def test_a_graphed_training_gives_the_eager_ones_weights_and_history(
+    graphs_on, monkeypatch, objective
+):
+    # EDL's annealing reads the epoch: a graph an epoch (the milestones already make one)
+    kind = {"ccu_model": True} if objective == "CCU" else {"ccu_model": False,
+                                                          "objective": _EDLObjective()}  # fmt: skip
+    eager_model, eager_hist, trainer = _train(graphs=False, **kind)
     assert trainer.step_record() is None  # eager from the start
     monkeypatch.setattr(graphed_step, "cuda_capture", exact)
-    model, hist, trainer = _train()
+    model, hist, trainer = _train(**kind)
     assert _same(model, eager_model)
     assert hist.loss == eager_hist.loss and hist.constraint_gap == eager_hist.constraint_gap
     rec = trainer.step_record()
@@ -199,7 +205,7 @@ def test_only_graphable_objectives_on_cuda_in_float32_are_graphed(monkeypatch):
     assert trainer._graphs_wanted(_OutlierExposure(0.5))
     acet = _ACETObjective(1.0, 0.3, 40, False, 0, (0.0, 1.0))
     assert not trainer._graphs_wanted(acet)  # its inner attack has graphs of its own
-    assert not trainer._graphs_wanted(_EDLObjective())  # builds a tensor from a float a step
+    assert trainer._graphs_wanted(_EDLObjective()) and _EDLObjective.uses_epoch
     assert not ccu.Trainer(epochs=1, precision="bf16")._graphs_wanted(training.ccu_objective)
     assert not ccu.Trainer(epochs=1, compile=True)._graphs_wanted(training.ccu_objective)
     monkeypatch.undo()
@@ -222,4 +228,97 @@ def test_the_cuda_graph_of_a_ccu_step_gives_the_eager_steps_weights():
         trainer.fit(model, data)
         models.append(model.cpu())
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_edls_loss_without_a_tensor_a_step_has_the_same_bits(dtype):
+    """EDL's KL term subtracted lgamma(M) of a float32 tensor made on the device every step (a
+    host-to-device copy a graph cannot hold); it now subtracts the same float32 value."""
+    torch.manual_seed(0)
+    logits, y = torch.randn(16, 10, dtype=dtype), torch.randint(0, 10, (16,))
+    alpha = torch.nn.functional.softplus(logits) + 1.0
+    s = alpha.sum(1, keepdim=True)
+    p = alpha / s
+    onehot = torch.nn.functional.one_hot(y, 10).to(logits)
+    mse = ((onehot - p) ** 2 + p * (1 - p) / (s + 1)).sum(1)
+    a = onehot + (1 - onehot) * alpha
+    sa = a.sum(1)
+    kl = (torch.lgamma(sa) - torch.lgamma(torch.tensor(10.0)) - torch.lgamma(a).sum(1)
+          + ((a - 1) * (torch.digamma(a) - torch.digamma(sa)[:, None])).sum(1))  # fmt: skip
+    assert torch.equal(edl_loss(logits, y, 3), (mse + 0.3 * kl).mean())
+
+
+def _gan(monkeypatch, graphs: bool, epochs: int = 3):
+    """GAN (the dataset's network: the smoke profile) on 300 digits in batches of 64, its step
+    graphed (a stand-in capture, as the fixture's) or eager."""
+    monkeypatch.setattr(gan, "graphs_wanted", lambda device: graphs)
+    data = load_dataset("digits", seed=0).subset(300)
+    prof = ccu.get_profile("smoke", epochs=epochs, n_train=300)
+    settings = replace(ccu.train_settings("digits"), batch_size=64)
+    m = get_method("GAN")(data.spec, settings, prof)
+    m.progress = False
+    m.build(data)
+    return m, m.fit(data)
+
+
+def test_gans_three_networks_train_graphed_to_the_eager_weights(graphs_on, monkeypatch):
+    eager_m, eager_hist = _gan(monkeypatch, graphs=False)
+    assert "training_step" not in eager_m.training_record()  # eager from the start
+    monkeypatch.setattr(graphed_step, "cuda_capture", exact)
+    m, hist = _gan(monkeypatch, graphs=True)
+    assert _same(m.model, eager_m.model) and hist.loss == eager_hist.loss
+    rec = m.training_record()["training_step"]
+    # 3 epochs of 4 batches of 64 and one of 44: each shape captured after two eager steps (the
+    # 44's in the third epoch) and checked at its first replay
+    assert rec["cuda_graphs"] and rec["steps"] == 15 and rec["turned_off"] is None
+    assert rec["captures"] == 2 and rec["checks_passed"] == 2
+
+
+@pytest.mark.parametrize("where", ["generator", "discriminator's Adam"])
+def test_a_gan_graph_that_garbles_any_networks_update_turns_off_with_the_eager_weights(
+    graphs_on, monkeypatch, where
+):
+    """Every network's weights and every optimiser's state are checked: a graph that garbles only
+    the generator, or only the discriminator's Adam moments, is caught at its first replay."""
+    eager_m, eager_hist = _gan(monkeypatch, graphs=False, epochs=2)
+
+    def garbling(step, x, y, z):
+        gan_step = step.__self__  # GANStep.one_step
+
+        def replay(x, y, z):
+            out = step(x, y, z)
+            with torch.no_grad():
+                if where == "generator":
+                    list(gan_step.gen.parameters())[-1].add_(1e-2)
+                else:
+                    opt = gan_step.opts["discriminator"]
+                    for state in opt.state.values():
+                        state["exp_avg"].add_(1.0)
+            return out
+
+        return replay
+
+    monkeypatch.setattr(graphed_step, "cuda_capture", garbling)
+    m, hist = _gan(monkeypatch, graphs=True, epochs=2)
+    assert _same(m.model, eager_m.model) and hist.loss == eager_hist.loss  # the eager steps kept
+    rec = m.training_record()["training_step"]
+    assert not rec["cuda_graphs"] and rec["checks_passed"] == 0 and "deviation" in rec["turned_off"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lease's check)")
+def test_the_cuda_graph_of_a_gan_step_gives_the_eager_steps_weights(monkeypatch):
+    data = load_dataset("digits", seed=0).subset(256)
+    prof = ccu.get_profile("smoke", epochs=3, n_train=256)
+    settings = replace(ccu.train_settings("digits"), batch_size=64)
+    models = []
+    for graphs in ("0", "1"):
+        monkeypatch.setenv("CCU_CUDA_GRAPHS", graphs)
+        m = get_method("GAN")(data.spec, settings, prof, device="cuda")
+        m.progress = False
+        m.build(data)
+        m.fit(data)
+        models.append(m)
+    assert models[1].training_record()["training_step"]["cuda_graphs"]
+    for p, q in zip(models[0].model.parameters(), models[1].model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-4)
