@@ -4,9 +4,9 @@ The planner's costs for MCD, GAN, ACET and ACET2 come from a call that trained a
 once (2026-11-28: 7.0, 15.2, 33.7 and 34.4 s an epoch); MCD's and GAN's VGG13s and ACET's
 launch-bound inner attacks may have slowed one another, and DE's member was never timed. This
 trains each method of ``--methods`` on the real data at the ``paper`` profile (its networks:
-VGG13 for MCD and GAN; ACET's inner attack in CUDA graphs where :mod:`ccu.methods.cuda_graphs`
-turns them on, the other methods' whole steps where :mod:`ccu.methods.graphed_step` does, and
-then the same two epochs eagerly too: ``step_graphs_speedup``), one after another in one
+VGG13 for MCD and GAN; every method's whole step in CUDA graphs where
+:mod:`ccu.methods.graphed_step` turns them on, ACET's with its inner attack inside, and then
+the same two epochs eagerly too: ``step_graphs_speedup``), one after another in one
 process, on ``--batches`` batches (an epoch of ``n_train = batches x batch size``) for two epochs, and takes the second epoch (the first holds
 cuDNN's and the graphs' set-up), scaled to a full epoch of the dataset. DE is timed as one
 member (``ensemble`` 1): its members train at once, each in a process of its own.

@@ -21,6 +21,10 @@ the graph captured again. The graph is a statement about speed only, never about
 * :meth:`GraphedPGD.record` (the run's config, ``inner_attack``) says whether graphs were
   used, how many checks passed, the largest deviation seen and why they were turned off.
 
+Since the whole training step runs in CUDA graphs (:mod:`ccu.methods.graphed_step`), ACET's
+step holds its inner attack in the step's graph; these graphs of the attack alone are used when
+the step's are not (bf16, ``compile``, or turned off by a failed check).
+
 Written here rather than with ``torch.compile(mode="reduce-overhead")``: the attack holds an
 ``autograd.grad`` per step inside a loop with data-dependent ``torch.where`` updates, which
 compile would split into graph breaks and recompile per shape; a plain CUDA graph of the eager

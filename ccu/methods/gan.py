@@ -33,6 +33,7 @@ from ccu.methods.training import (
     EpochStep,
     History,
     check_training_data,
+    load_optimizer_state,
     make_optimizer,
     run_epochs,
 )
@@ -167,7 +168,7 @@ class GANStep(EpochStep):
 
     def load_state_dict(self, state: dict) -> None:
         for name, opt in self.opts.items():
-            opt.load_state_dict(state["optimizers"][name])
+            load_optimizer_state(opt, state["optimizers"][name])
         self.noise.set_state(state["noise"].cpu())  # loaded onto a GPU, the state is there
 
     def run(self, epoch: int) -> EpochResult:
@@ -192,6 +193,11 @@ class GANStep(EpochStep):
         back, so that a CUDA graph can hold it (:mod:`ccu.methods.graphed_step`)."""
         clf, gen, disc, beta = self.clf, self.gen, self.disc, self.beta
         opt_c, opt_g, opt_d = self.opts.values()
+        # every gradient dropped first: the generator's backward below reaches the classifier,
+        # whose gradients from the last step would be added to in place (memory a CUDA graph
+        # of this step does not own); the results are the same, those sums were discarded
+        for opt in (opt_c, opt_g, opt_d):
+            opt.zero_grad(set_to_none=True)
         fake = gen(z)
         # discriminator: real in-data vs generated
         d_loss = F.binary_cross_entropy_with_logits(

@@ -30,9 +30,11 @@ that reads it (EDL's annealing; ``uses_epoch``) and the parameters' storage. For
 
 The graph is a statement about speed only, never about results. Only a float32 training on CUDA
 without ``compile`` uses it, and only with an objective that declares ``graphable`` (ACET's
-holds graphs of its own: :mod:`ccu.methods.cuda_graphs`) or GAN's step (its three networks:
-:class:`ccu.methods.gan.GANStep`); ``CCU_CUDA_GRAPHS=0`` turns it off. The
-CPU path is the eager step. Written here rather than with ``torch.compile(mode=
+too: its 40-step inner attack inside the step's graph, from starts drawn before the step,
+``Objective.prepare_out``) or GAN's step (its three networks: :class:`ccu.methods.gan.GANStep`);
+``CCU_CUDA_GRAPHS=0`` turns it off. The CPU path is the eager step. Before a capture every
+parameter's gradient is dropped: a step that added to a gradient an eager step left would
+write, on every replay, into memory the graph does not own. Written here rather than with ``torch.compile(mode=
 "reduce-overhead")``: compile would trace CCU's densities, the optimiser and the constraint
 anew for each shape and learning rate, and a plain graph of the eager code replays the very
 kernels the eager step launches, so the check can ask for equality to float tolerance.
@@ -175,6 +177,10 @@ class GraphedStep:
                 return self._sync_free(x, y, z)
             # a new learning rate or epoch: the graphs of the others are never used again
             self.replays = {k: r for k, r in self.replays.items() if k[2:] == key[2:]}
+            # no gradient left from an eager step: a step that added to one in place would
+            # write, on every replay, into memory the graph does not own
+            for p in self.model.parameters():
+                p.grad = None
             try:  # captured, not run: nothing of the training changed yet
                 replay = self.capture(self.step, x, y, z)
             except Exception as exc:  # noqa: BLE001 - any failure of a capture: eager from here on

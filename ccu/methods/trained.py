@@ -27,7 +27,7 @@ class _OutlierExposure(Objective):
     """Cross-entropy on in-batches + ``weight`` x cross-entropy to uniform on out-batches."""
 
     uses_out = True
-    graphable = True  # its step in CUDA graphs (ccu.methods.graphed_step); not ACET's
+    graphable = True  # its step in CUDA graphs (ccu.methods.graphed_step), ACET's too
 
     def __init__(self, weight: float):
         self.weight = weight
@@ -52,12 +52,23 @@ def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0
     The steps are :func:`confidence_pgd`; ``graphed`` replays them from CUDA graphs
     (:mod:`ccu.methods.cuda_graphs`, checked against the eager steps).
     """
+    return attack_from(model, z, attack_start(z, seed), eps, steps, box, graphed)
+
+
+def attack_start(z: torch.Tensor, seed: int) -> torch.Tensor:
+    """The uniform start of :func:`linf_confidence_attack` in ``[-1, 1]`` (times ``eps``),
+    drawn on the CPU (the same on every device) and moved once, without a host sync (pinned)."""
+    gen = torch.Generator().manual_seed(seed)
+    return host_to_device(2 * torch.rand(z.shape, generator=gen) - 1, z.device).to(z.dtype)
+
+
+def attack_from(model, z, noise, eps: float, steps: int, box=(0.0, 1.0),
+                graphed: GraphedPGD | None = None) -> torch.Tensor:  # fmt: skip
+    """:func:`confidence_pgd` from ``z + eps * noise`` with ``model`` in eval mode (its mode
+    restored after); ``graphed`` replays it from CUDA graphs. Device work only without
+    ``graphed``: a CUDA graph of the whole training step can hold it."""
     was_training = model.training
     model.eval()
-    gen = torch.Generator().manual_seed(seed)
-    # the start is drawn on the CPU (the same on every device) and moved once, without a host
-    # sync (pinned); the steps below read nothing back from the device
-    noise = host_to_device(2 * torch.rand(z.shape, generator=gen) - 1, z.device).to(z.dtype)
     try:
         if graphed is not None:
             return graphed(model, z, noise)
@@ -94,7 +105,15 @@ def confidence_pgd(model, z, noise, eps: float, steps: int, box=(0.0, 1.0)) -> t
 
 
 class _ACETObjective(_OutlierExposure):
-    graphable = False  # its inner attack has graphs of its own (ccu.methods.cuda_graphs)
+    """OE on out-batches pushed to high confidence by :func:`confidence_pgd` first.
+
+    On CUDA the whole step, its inner attack included, runs in CUDA graphs
+    (:mod:`ccu.methods.graphed_step`): the attack's random starts (and ACET2's noise seeds) are
+    drawn on the CPU before the step (:meth:`prepare_out`) and taken by it as an input. When
+    the step's graphs are off (bf16, ``--compile``, or turned off by a failed check) the inner
+    attack alone runs in graphs of its own (:class:`ccu.methods.cuda_graphs.GraphedPGD`)."""
+
+    graphable = True
 
     def __init__(self, weight, eps, steps, from_noise: bool, seed: int, box):
         super().__init__(weight)
@@ -106,28 +125,42 @@ class _ACETObjective(_OutlierExposure):
             box,
         )
         self.calls = 0
-        #: the inner attack in CUDA graphs (on CUDA, :func:`graphs_wanted`), made at the first
-        #: out-batch, when the device is known
+        #: the inner attack in CUDA graphs (on CUDA, :func:`graphs_wanted`) while the step's
+        #: own graphs are not used, made at the first out-batch, when the device is known
         self.graphed: GraphedPGD | None = None
+        #: the graphs of the whole training step (:meth:`on_step_graphs`), None: eager steps
+        self.step_graphs = None
 
-    def out_batch(self, model, z, epoch):
+    def on_step_graphs(self, graphed) -> None:
+        self.step_graphs = graphed
+
+    def prepare_out(self, z):
+        """``(out-batch, start)`` stacked, drawn before the step: ACET2's uniform noise in place
+        of the out-batch, and the attack's start (:func:`attack_start`), one seed a batch."""
         self.calls += 1
         if self.from_noise:  # ACET2: seeds from uniform noise instead of the out-distribution
             z = uniform_noise(len(z), tuple(z.shape[1:]), self.seed * 100_003 + self.calls).to(z)
-        if self.graphed is None and graphs_wanted(z.device):
+        return torch.stack([z, attack_start(z, self.seed + self.calls)])
+
+    def out_batch(self, model, z, epoch):
+        z, noise = z[0], z[1]  # as prepare_out stacked them
+        in_step_graphs = self.step_graphs is not None and self.step_graphs.off is None
+        if not in_step_graphs and self.graphed is None and graphs_wanted(z.device):
             self.graphed = GraphedPGD(
                 partial(confidence_pgd, eps=self.eps, steps=self.steps, box=self.box)
             )
-        return linf_confidence_attack(
-            model, z, self.eps, self.steps, self.seed + self.calls, box=self.box,
-            graphed=self.graphed,
-        )  # fmt: skip
+        graphed = None if in_step_graphs else self.graphed
+        return attack_from(model, z, noise, self.eps, self.steps, self.box, graphed)
 
     def record(self) -> dict:
-        """The run config's ``inner_attack``: eager, or the graphs' record (:class:`GraphedPGD`)."""
-        if self.graphed is None:
-            return {"cuda_graphs": False, "turned_off": None}
-        return self.graphed.record()
+        """The run config's ``inner_attack``: eager, or the graphs' record (:class:`GraphedPGD`);
+        ``in_training_step_graphs`` when it ran in the whole step's graphs (``training_step``)."""
+        own = {"cuda_graphs": False, "turned_off": None}
+        if self.graphed is not None:
+            own = self.graphed.record()
+        if self.step_graphs is not None:
+            own["in_training_step_graphs"] = True
+        return own
 
 
 @register_method

@@ -79,7 +79,8 @@ class Objective:
 
     ``graphable``: its step may be replayed from a CUDA graph (:mod:`ccu.methods.graphed_step`):
     no read-back to the host, no Python decision on a tensor's value, no graphs of its own;
-    ``uses_epoch``: it reads ``epoch`` (a graph per epoch then)."""
+    ``uses_epoch``: it reads ``epoch`` (a graph per epoch then). What a step needs from the
+    host (random starts drawn on the CPU) :meth:`prepare_out` makes before the step."""
 
     uses_out = False
     graphable = False
@@ -87,6 +88,14 @@ class Objective:
 
     def __call__(self, model, x, y, z, epoch):  # pragma: no cover - interface
         raise NotImplementedError
+
+    def prepare_out(self, z: torch.Tensor) -> torch.Tensor:
+        """The out-batch as :meth:`__call__` takes it, made before the step and outside its
+        CUDA graph (e.g. ACET's random starts, drawn on the CPU); here ``z`` itself."""
+        return z
+
+    def on_step_graphs(self, graphed: GraphedStep | None) -> None:
+        """Told, before the training, the :class:`GraphedStep` its steps run in (None: eager)."""
 
 
 class _CrossEntropy(Objective):
@@ -312,6 +321,8 @@ class Trainer:
                 self.graphed = GraphedStep(
                     step.one_step, model, opt, uses_epoch=objective.uses_epoch
                 )
+            if isinstance(objective, Objective):  # a plain callable has no hook
+                objective.on_step_graphs(self.graphed)
             try:
                 hist = run_epochs(
                     step, model, loader, self.epochs, self.device, checkpoint=checkpoint,
@@ -348,7 +359,10 @@ class Trainer:
         acc_dtype = torch.float32 if self.device.type == "mps" else torch.float64
         sums = torch.zeros(2, dtype=acc_dtype, device=self.device)  # loss x n, correct
         gaps, n = [], 0
+        prepare = getattr(objective, "prepare_out", None)  # a plain callable has none
         for x, y, z in loader:
+            if z is not None and prepare is not None:
+                z = prepare(z)
             if step is not None:
                 loss, logits = step(x, y, z, epoch)
             else:
@@ -433,9 +447,26 @@ class _ObjectiveStep(EpochStep):
         return {"optimizer": self.opt.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.opt.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.opt, state["optimizer"])
         for _ in range(state["epoch"]):
             self.sched.last_epoch += 1  # the learning rates themselves come with the optimiser
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
+    """``opt.load_state_dict(state)``, keeping ``capturable`` as ``opt`` was built (on every CUDA
+    run, :func:`make_optimizer`): a checkpoint of a run built otherwise (on the CPU, or before
+    Adam was capturable on CUDA) would bring its own, and Adam would then run its other code
+    and no capture of the step (:mod:`ccu.methods.graphed_step`) would hold it."""
+    built = [group.get("capturable") for group in opt.param_groups]
+    opt.load_state_dict(state)
+    for group, capturable in zip(opt.param_groups, built, strict=True):
+        if capturable is None:  # an optimiser without the option (SGD)
+            continue
+        group["capturable"] = capturable
+        for p in group["params"] if capturable else ():
+            held = opt.state.get(p, {})
+            if torch.is_tensor(held.get("step")):  # where a capturable Adam keeps it
+                held["step"] = held["step"].to(device=p.device, dtype=torch.float32)
 
 
 def save_training_state(path, epoch, epochs, model, loader, hist, device, **extra) -> None:

@@ -11,7 +11,8 @@ import torch
 
 import ccu
 from ccu.data import load_dataset
-from ccu.methods import gan, get_method, graphed_step, training
+from ccu.methods import cuda_graphs, gan, get_method, graphed_step, trained, training
+from ccu.methods.cuda_graphs import GraphedPGD
 from ccu.methods.graphed_step import GraphedStep
 from ccu.methods.trained import _ACETObjective, _EDLObjective, _OutlierExposure, edl_loss
 
@@ -57,7 +58,7 @@ def graphs_on(monkeypatch):
     )
 
 
-def _train(epochs=3, ccu_model=True, objective=None, graphs=True):
+def _train(epochs=3, ccu_model=True, objective=None, graphs=True, milestones=(0.34, 0.67)):
     data = load_dataset("digits", seed=0).subset(300)
     torch.manual_seed(0)
     classifier = ccu.MLP(64, 10, hidden=16)
@@ -67,7 +68,7 @@ def _train(epochs=3, ccu_model=True, objective=None, graphs=True):
         else classifier
     )
     # milestones inside the run: the learning rate changes, and a graph for each rate
-    settings = replace(ccu.train_settings("digits"), batch_size=64, milestones=(0.34, 0.67))
+    settings = replace(ccu.train_settings("digits"), batch_size=64, milestones=milestones)
     trainer = ccu.Trainer(epochs=epochs, settings=settings, progress=False)
     if not graphs:  # the eager reference, as on the CPU
         trainer._graphs_wanted = lambda objective: False
@@ -86,9 +87,10 @@ def _same(a, b):
 def test_a_graphed_training_gives_the_eager_ones_weights_and_history(
     graphs_on, monkeypatch, objective
 ):
-    # EDL's annealing reads the epoch: a graph an epoch (the milestones already make one)
-    kind = {"ccu_model": True} if objective == "CCU" else {"ccu_model": False,
-                                                          "objective": _EDLObjective()}  # fmt: skip
+    # CCU: milestones inside the run, a graph for each learning rate; EDL's annealing reads
+    # the epoch: a graph an epoch, without milestones
+    kind = {"ccu_model": True} if objective == "CCU" else {
+        "ccu_model": False, "objective": _EDLObjective(), "milestones": ()}  # fmt: skip
     eager_model, eager_hist, trainer = _train(graphs=False, **kind)
     assert trainer.step_record() is None  # eager from the start
     monkeypatch.setattr(graphed_step, "cuda_capture", exact)
@@ -204,7 +206,7 @@ def test_only_graphable_objectives_on_cuda_in_float32_are_graphed(monkeypatch):
     assert trainer._graphs_wanted(training.cross_entropy_objective)
     assert trainer._graphs_wanted(_OutlierExposure(0.5))
     acet = _ACETObjective(1.0, 0.3, 40, False, 0, (0.0, 1.0))
-    assert not trainer._graphs_wanted(acet)  # its inner attack has graphs of its own
+    assert trainer._graphs_wanted(acet)  # its inner attack inside the step's graph
     assert trainer._graphs_wanted(_EDLObjective()) and _EDLObjective.uses_epoch
     assert not ccu.Trainer(epochs=1, precision="bf16")._graphs_wanted(training.ccu_objective)
     assert not ccu.Trainer(epochs=1, compile=True)._graphs_wanted(training.ccu_objective)
@@ -322,3 +324,72 @@ def test_the_cuda_graph_of_a_gan_step_gives_the_eager_steps_weights(monkeypatch)
     assert models[1].training_record()["training_step"]["cuda_graphs"]
     for p, q in zip(models[0].model.parameters(), models[1].model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-4)
+
+
+def _acet(from_noise: bool) -> _ACETObjective:
+    return _ACETObjective(1.0, 0.3, 3, from_noise, 0, (0.0, 1.0))
+
+
+@pytest.mark.parametrize("from_noise", [False, True], ids=["ACET", "ACET2"])
+def test_acets_whole_step_with_its_inner_attack_is_graphed_to_the_eager_weights(
+    graphs_on, monkeypatch, from_noise
+):
+    """ACET's step, its inner PGD included, in one graph: its random starts (and ACET2's
+    noise) drawn before the step and taken as an input, so that a replay attacks from the
+    very starts the eager step draws; the inner attack's own graphs are then not used."""
+    eager_model, eager_hist, _ = _train(ccu_model=False, objective=_acet(from_noise), graphs=False)
+    monkeypatch.setattr(graphed_step, "cuda_capture", exact)
+    monkeypatch.setattr(trained, "graphs_wanted", lambda device: True)  # as on CUDA
+    objective = _acet(from_noise)
+    model, hist, trainer = _train(ccu_model=False, objective=objective)
+    assert _same(model, eager_model) and hist.loss == eager_hist.loss
+    rec = trainer.step_record()
+    assert rec["cuda_graphs"] and rec["captures"] == 3 and rec["checks_passed"] == 3
+    # the starts drawn once a batch, the check's eager step and its replay from the same ones
+    assert objective.calls == rec["steps"] == 15 and objective.graphed is None
+    assert objective.record() == {"cuda_graphs": False, "turned_off": None,
+                                  "in_training_step_graphs": True}  # fmt: skip
+
+
+def test_when_acets_step_graphs_fail_its_inner_attack_takes_graphs_of_its_own(
+    graphs_on, monkeypatch
+):
+    eager_model, eager_hist, _ = _train(ccu_model=False, objective=_acet(False), graphs=False)
+    monkeypatch.setattr(graphed_step, "cuda_capture", broken)
+    monkeypatch.setattr(trained, "graphs_wanted", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "cuda_capture", lambda attack, model, z, noise: (
+        lambda z, noise: attack(model, z, noise)))  # fmt: skip
+    monkeypatch.setattr(GraphedPGD, "check_every", 1)
+    objective = _acet(False)
+    model, hist, trainer = _train(ccu_model=False, objective=objective)
+    assert _same(model, eager_model) and hist.loss == eager_hist.loss
+    assert "capture failed at step 3" in trainer.step_record()["turned_off"]
+    inner = objective.record()
+    # steps 1-2 inside the step's (warm-up) path, eager; from step 3 on the inner graphs
+    assert inner["cuda_graphs"] and inner["calls"] == 13 == inner["checks_passed"]
+
+
+def test_a_gan_step_adds_to_no_gradient_left_from_the_step_before(monkeypatch):
+    """A CUDA graph owns the memory it allocates, not the gradients an eager step left: a step
+    that added to those in place would, on every replay, write into memory handed out again.
+    Each gradient is a stride-0 tensor here, which any in-place addition refuses."""
+    m, _ = _gan(monkeypatch, graphs=False, epochs=1)
+    data = load_dataset("digits", seed=0).subset(64)
+    step = gan.GANStep(m.model, None, m.settings, 0, m.latent, m.beta, "cpu")
+    for p in m.model.parameters():
+        p.grad = torch.zeros(1).expand_as(p)
+    z = torch.randn(64, m.latent)
+    step.one_step(data.train_x, data.train_y, z)  # raised "more than one element ..." before
+
+
+def test_a_resumed_optimiser_stays_as_this_run_built_it():
+    """A checkpoint's optimiser state brings its own ``capturable``: loaded into a run built
+    otherwise (a CUDA run resuming a CPU checkpoint), it would turn the graphs off."""
+    params = [torch.nn.Parameter(torch.randn(3))]
+    saved = torch.optim.Adam(params, 1e-3, capturable=True).state_dict()
+    opt = torch.optim.Adam(params, 1e-3)
+    training.load_optimizer_state(opt, saved)
+    assert opt.param_groups[0]["capturable"] is False
+    sgd = torch.optim.SGD(params, 0.1, momentum=0.9)
+    training.load_optimizer_state(sgd, sgd.state_dict())  # no such option: as it was
+    assert "capturable" not in sgd.param_groups[0]
