@@ -124,7 +124,8 @@ class _ACETObjective(_OutlierExposure):
             seed,
             box,
         )
-        self.calls = 0
+        self.calls = 0  # out-batches prepared: their seeds (a checkpoint keeps it)
+        self.prepared_shape: tuple | None = None
         #: the inner attack in CUDA graphs (on CUDA, :func:`graphs_wanted`) while the step's
         #: own graphs are not used, made at the first out-batch, when the device is known
         self.graphed: GraphedPGD | None = None
@@ -134,15 +135,30 @@ class _ACETObjective(_OutlierExposure):
     def on_step_graphs(self, graphed) -> None:
         self.step_graphs = graphed
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the out-batches prepared so far (the next one's seeds)."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = int(state["calls"])
+
     def prepare_out(self, z):
         """``(out-batch, start)`` stacked, drawn before the step: ACET2's uniform noise in place
         of the out-batch, and the attack's start (:func:`attack_start`), one seed a batch."""
         self.calls += 1
         if self.from_noise:  # ACET2: seeds from uniform noise instead of the out-distribution
-            z = uniform_noise(len(z), tuple(z.shape[1:]), self.seed * 100_003 + self.calls).to(z)
-        return torch.stack([z, attack_start(z, self.seed + self.calls)])
+            noise = uniform_noise(len(z), tuple(z.shape[1:]), self.seed * 100_003 + self.calls)
+            z = host_to_device(noise, z.device).to(z.dtype)  # no host sync (pinned)
+        prepared = torch.stack([z, attack_start(z, self.seed + self.calls)])
+        self.prepared_shape = tuple(prepared.shape)
+        return prepared
 
     def out_batch(self, model, z, epoch):
+        if tuple(z.shape) != self.prepared_shape:  # shapes only: no read from the device
+            raise ValueError(
+                "ACET's out-batch is what its prepare_out(z) returns (the Trainer calls it "
+                "before each step); call it first when calling the objective directly."
+            )
         z, noise = z[0], z[1]  # as prepare_out stacked them
         in_step_graphs = self.step_graphs is not None and self.step_graphs.off is None
         if not in_step_graphs and self.graphed is None and graphs_wanted(z.device):
@@ -154,12 +170,13 @@ class _ACETObjective(_OutlierExposure):
 
     def record(self) -> dict:
         """The run config's ``inner_attack``: eager, or the graphs' record (:class:`GraphedPGD`);
-        ``in_training_step_graphs`` when it ran in the whole step's graphs (``training_step``)."""
+        ``in_training_step_graphs``: whether it ran in the whole step's graphs to the end
+        (``training_step`` says more)."""
         own = {"cuda_graphs": False, "turned_off": None}
         if self.graphed is not None:
             own = self.graphed.record()
-        if self.step_graphs is not None:
-            own["in_training_step_graphs"] = True
+        if self.step_graphs is not None:  # False: they were turned off (training_step says when)
+            own["in_training_step_graphs"] = self.step_graphs.off is None
         return own
 
 

@@ -444,10 +444,13 @@ class _ObjectiveStep(EpochStep):
         )
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.opt.state_dict()}
+        own = getattr(self.objective, "state_dict", None)  # e.g. ACET's seeds drawn so far
+        return {"optimizer": self.opt.state_dict(), **({"objective": own()} if own else {})}
 
     def load_state_dict(self, state: dict) -> None:
         load_optimizer_state(self.opt, state["optimizer"])
+        if "objective" in state and hasattr(self.objective, "load_state_dict"):
+            self.objective.load_state_dict(state["objective"])
         for _ in range(state["epoch"]):
             self.sched.last_epoch += 1  # the learning rates themselves come with the optimiser
 

@@ -326,6 +326,32 @@ def test_the_cuda_graph_of_a_gan_step_gives_the_eager_steps_weights(monkeypatch)
         assert torch.allclose(p, q, atol=1e-4)
 
 
+def host_free(monkeypatch):
+    """A stand-in capture whose replays refuse a copy from the host inside the step, as a
+    real graph must (a captured copy would replay from a pinned buffer freed since)."""
+    replaying = []
+    copy = trained.host_to_device
+
+    def guarded(t, device):
+        if replaying:
+            raise RuntimeError("a copy from the host inside the captured step")
+        return copy(t, device)
+
+    monkeypatch.setattr(trained, "host_to_device", guarded)
+
+    def capture(step, x, y, z):
+        def replay(x, y, z):
+            replaying.append(True)
+            try:
+                return step(x, y, z)
+            finally:
+                replaying.pop()
+
+        return replay
+
+    return capture
+
+
 def _acet(from_noise: bool) -> _ACETObjective:
     return _ACETObjective(1.0, 0.3, 3, from_noise, 0, (0.0, 1.0))
 
@@ -338,7 +364,7 @@ def test_acets_whole_step_with_its_inner_attack_is_graphed_to_the_eager_weights(
     noise) drawn before the step and taken as an input, so that a replay attacks from the
     very starts the eager step draws; the inner attack's own graphs are then not used."""
     eager_model, eager_hist, _ = _train(ccu_model=False, objective=_acet(from_noise), graphs=False)
-    monkeypatch.setattr(graphed_step, "cuda_capture", exact)
+    monkeypatch.setattr(graphed_step, "cuda_capture", host_free(monkeypatch))
     monkeypatch.setattr(trained, "graphs_wanted", lambda device: True)  # as on CUDA
     objective = _acet(from_noise)
     model, hist, trainer = _train(ccu_model=False, objective=objective)
@@ -393,3 +419,67 @@ def test_a_resumed_optimiser_stays_as_this_run_built_it():
     sgd = torch.optim.SGD(params, 0.1, momentum=0.9)
     training.load_optimizer_state(sgd, sgd.state_dict())  # no such option: as it was
     assert "capturable" not in sgd.param_groups[0]
+
+
+def test_no_gradient_an_eager_step_left_is_held_into_a_capture():
+    model, opt, x, y, step = _tiny(0.1)
+    seen = []
+
+    def capture(step, x, y, z):  # the warm-ups left gradients; a capture starts without
+        seen.append([p.grad is None for p in model.parameters()])
+        return step
+
+    g = GraphedStep(step, model, opt, capture=capture, warmup=eager, sync_checked=unchecked)
+    for _ in range(3):
+        g(x, y, None)
+    assert seen == [[True, True]]
+
+
+def test_an_acet_training_resumed_from_its_checkpoint_ends_as_an_uninterrupted_one(tmp_path):
+    """The attack's starts are seeded by the out-batches drawn so far: the checkpoint keeps
+    their count, so a training stopped after an epoch (a call's time limit) and continued gives
+    the uninterrupted weights."""
+    data = load_dataset("digits", seed=0).subset(200)
+    prof = ccu.get_profile("smoke", epochs=2, n_train=200, acet_steps=2)
+    for name in ("ACET", "ACET2"):
+
+        def fresh(name=name):
+            m = get_method(name)(data.spec, ccu.train_settings("digits"), prof)
+            m.progress = False
+            m.build(data)
+            return m
+
+        whole = fresh()
+        whole.fit(data)
+        ckpt = tmp_path / f"{name}.checkpoint.pt"
+
+        def stop(done, epochs):
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            fresh().fit(data, checkpoint=ckpt, on_epoch_end=stop)
+        resumed = fresh()
+        resumed.fit(data, checkpoint=ckpt)
+        assert _same(resumed.model, whole.model), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lease's check)")
+def test_the_cuda_graph_of_an_acet_step_gives_the_eager_steps_weights(monkeypatch):
+    """On the device: ACET's whole step, its 40-step inner attack (autograd.grad each step)
+    inside, captured and replayed, against the same training with no graphs at all."""
+    data = load_dataset("digits", seed=0).subset(256)
+    models = []
+    for graphs in ("0", "1"):
+        monkeypatch.setenv("CCU_CUDA_GRAPHS", graphs)
+        torch.manual_seed(0)
+        model = ccu.MLP(64, 10, hidden=16)
+        settings = replace(ccu.train_settings("digits"), batch_size=64)
+        trainer = ccu.Trainer(epochs=3, settings=settings, device="cuda", progress=False)
+        objective = _ACETObjective(1.0, 0.3, 40, False, 0, (0.0, 1.0))
+        trainer.fit(model, data, objective=objective)
+        models.append(model.cpu())
+        if graphs == "1":
+            assert trainer.step_record()["cuda_graphs"]
+            assert objective.record()["in_training_step_graphs"]
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-4)
