@@ -931,19 +931,15 @@ def to_time(dataset: str, methods: list[str]) -> list[str]:
 
 
 def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, str, list] | None:
-    """The call that measures before the lease plans the long methods: ACET's inner attack in
-    CUDA graphs (``bench_acet_graphs.py``, ~30 s) while ACET or ACET2 is too long without it,
-    and each method :func:`to_time` names timed alone for an epoch and its attack
-    (``bench_epochs.py``, ~60 s on MNIST), while ``dataset``'s benchmark is missing.
-    ``(command, what it measures, the files it writes)``, or None when nothing is to measure."""
+    """The call that measures before the lease plans the long methods: each method
+    :func:`to_time` names timed alone for an epoch and its attack (``bench_epochs.py``, ~60 s
+    on MNIST), while ``dataset``'s benchmark is missing; ACET's and ACET2's epochs there run
+    as their trainings do, the whole step with its inner attack in CUDA graphs (checked
+    against the eager step), so the benchmark of the inner attack's own graphs
+    (``bench_acet_graphs.py``, now their fallback; :func:`graphed_train_seconds` when it is
+    committed) spends no device time of a lease. ``(command, what it measures, the files it
+    writes)``, or None when nothing is to measure."""
     steps, what, files = [], [], []
-    graphs = dataset in COST_DATASETS  # elsewhere call 0 times ACET's epoch (graphed) itself
-    if graphs and any(method_of(m) in GRAPHED for m in too_long) and not GRAPHS_BENCH.exists():
-        steps.append(
-            f"PYTHONPATH=$PWD python3 benchmarks/bench_acet_graphs.py --out $OUT/{GRAPHS_BENCH.name}"
-        )
-        what.append("ACET's inner attack in CUDA graphs, checked against the eager one and timed")
-        files.append(GRAPHS_BENCH)
     alone = to_time(dataset, [*too_long, *planned])
     if alone:
         data = f"/tmp/ccu-devdata/{dataset}"  # where lease_run.sh gathers it: reused there

@@ -640,10 +640,11 @@ def test_a_training_stopped_for_time_continues_in_the_next_call_of_the_lease(tmp
 def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
     tmp_path, monkeypatch, capsys
 ):
-    """Eagerly ACET's 100 epochs take ~56 min (measured): more than a call. The planner first
-    asks for the graphs' benchmark (a call of ~30 s); once it is committed and its checks
-    against the eager attack passed, ACET is planned with it; a benchmark whose graphs were
-    turned off changes nothing (ACET would run eagerly on the device too)."""
+    """Eagerly ACET's 100 epochs take ~56 min (measured): more than a call. Call 0 times its
+    epoch as it trains, the whole step in CUDA graphs (bench_epochs), and spends no device
+    time on the inner attack's own graphs (their fallback); a benchmark of those, committed
+    and with its checks against the eager attack passed, plans ACET until call 0 measured
+    it; one whose graphs were turned off changes nothing (ACET would run eagerly)."""
     bench = lease.GRAPHS_BENCH  # (no_committed_benchmarks) in a folder of the test's own
     bench.parent.mkdir()
     lease.EPOCHS_BENCH.write_text('{"by_method": {}}')  # measured alone: nothing (call 0 again)
@@ -655,7 +656,8 @@ def test_acet_is_planned_with_its_cuda_graphs_once_their_benchmark_is_committed(
     assert "ACET" in lease.plan("mnist", ref, "paper", budget_s=900, ccu_init=True)[2]
     assert lease.main(["plan", "--dataset", "mnist", "--reference", str(ref)]) == 0
     said = capsys.readouterr().out
-    assert said.index("call 0") < said.index("call 1") and "bench_acet_graphs.py --out" in said
+    assert said.index("call 0") < said.index("call 1") and "bench_acet_graphs" not in said
+    assert "--methods MCD GAN DE ACET ACET2" in said  # ACET's epoch timed by bench_epochs
     timed = {"eager_epoch_s": 33.0, "graphed_epoch_s": 2.5, "checks": {"cuda_graphs": False}}
     bench.write_text(json.dumps(timed))
     assert lease.graphed_train_seconds("ACET") is None
