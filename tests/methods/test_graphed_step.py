@@ -435,34 +435,6 @@ def test_no_gradient_an_eager_step_left_is_held_into_a_capture():
     assert seen == [[True, True]]
 
 
-def test_an_acet_training_resumed_from_its_checkpoint_ends_as_an_uninterrupted_one(tmp_path):
-    """The attack's starts are seeded by the out-batches drawn so far: the checkpoint keeps
-    their count, so a training stopped after an epoch (a call's time limit) and continued gives
-    the uninterrupted weights."""
-    data = load_dataset("digits", seed=0).subset(200)
-    prof = ccu.get_profile("smoke", epochs=2, n_train=200, acet_steps=2)
-    for name in ("ACET", "ACET2"):
-
-        def fresh(name=name):
-            m = get_method(name)(data.spec, ccu.train_settings("digits"), prof)
-            m.progress = False
-            m.build(data)
-            return m
-
-        whole = fresh()
-        whole.fit(data)
-        ckpt = tmp_path / f"{name}.checkpoint.pt"
-
-        def stop(done, epochs):
-            raise KeyboardInterrupt
-
-        with pytest.raises(KeyboardInterrupt):
-            fresh().fit(data, checkpoint=ckpt, on_epoch_end=stop)
-        resumed = fresh()
-        resumed.fit(data, checkpoint=ckpt)
-        assert _same(resumed.model, whole.model), name
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lease's check)")
 def test_the_cuda_graph_of_an_acet_step_gives_the_eager_steps_weights(monkeypatch):
     """On the device: ACET's whole step, its 40-step inner attack (autograd.grad each step)
