@@ -139,6 +139,18 @@ def printed_theorem1_counterexample() -> ccu.CCU:
     return ccu.CCU(SaturatedClassifier(10), gin, gout, 10).double()
 
 
+def built_method(name: str, data, prof, settings=None):
+    """Method ``name`` of profile ``prof``, built on ``data`` (without a progress bar): the
+    dataset's training settings unless ``settings``."""
+    from ccu.methods import get_method
+
+    settings = settings or ccu.train_settings(data.spec.name)
+    m = get_method(name)(data.spec, settings, prof)
+    m.progress = False
+    m.build(data)
+    return m
+
+
 def built_once(tmp_path_factory, name: str, build):
     """A folder that ``build(folder)`` fills once per test session, even across pytest-xdist's
     workers: the first worker to ask builds it under a file lock, the others wait for it and

@@ -193,9 +193,10 @@ class GANStep(EpochStep):
         back, so that a CUDA graph can hold it (:mod:`ccu.methods.graphed_step`)."""
         clf, gen, disc, beta = self.clf, self.gen, self.disc, self.beta
         opt_c, opt_g, opt_d = self.opts.values()
-        # every gradient dropped first: the generator's backward below reaches the classifier,
-        # whose gradients from the last step would be added to in place (memory a CUDA graph
-        # of this step does not own); the results are the same, those sums were discarded
+        # every gradient dropped first (D's and G's backwards below then start from none): the
+        # generator's backward reaches the classifier, whose gradients from the last step would
+        # be added to in place (memory a CUDA graph of this step does not own); the results are
+        # the same, those sums were discarded
         for opt in (opt_c, opt_g, opt_d):
             opt.zero_grad(set_to_none=True)
         fake = gen(z)
@@ -205,14 +206,12 @@ class GANStep(EpochStep):
         ) + F.binary_cross_entropy_with_logits(
             disc(fake.detach()), torch.zeros(len(x), device=x.device)
         )
-        opt_d.zero_grad()
         d_loss.backward()
         opt_d.step()
         # generator: fool D while the classifier is uniform on its samples
         g_loss = F.binary_cross_entropy_with_logits(
             disc(fake), torch.ones(len(x), device=x.device)
         ) + beta * kl_uniform(clf(fake))
-        opt_g.zero_grad()
         g_loss.backward()
         opt_g.step()
         # classifier: cross-entropy + uniform on generated samples

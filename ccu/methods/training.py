@@ -321,8 +321,9 @@ class Trainer:
                 self.graphed = GraphedStep(
                     step.one_step, model, opt, uses_epoch=objective.uses_epoch
                 )
-            if isinstance(objective, Objective):  # a plain callable has no hook
-                objective.on_step_graphs(self.graphed)
+            told = getattr(objective, "on_step_graphs", None)  # a plain callable has no hook
+            if told is not None:
+                told(self.graphed)
             try:
                 hist = run_epochs(
                     step, model, loader, self.epochs, self.device, checkpoint=checkpoint,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import built_method
 
 import ccu
 from ccu.data import load_dataset
@@ -270,16 +271,11 @@ def test_gan_resumes_exactly_from_its_epoch_checkpoint(tmp_path, killed_after):
     """GAN shares the trainer's epoch loop (ccu.methods.training.run_epochs): it checkpoints every epoch,
     calls ``on_epoch_end`` after the checkpoint, and killed there (what `ccu run --stop-after`
     does) and run again, it ends with the weights of an uninterrupted run."""
-    from ccu.methods import get_method
-
     data = _digits(200)
     prof = ccu.get_profile("smoke", epochs=3, n_train=200)
 
     def fresh():
-        m = get_method("GAN")(data.spec, ccu.train_settings("digits"), prof)
-        m.progress = False
-        m.build(data)
-        return m
+        return built_method("GAN", data, prof)
 
     full = fresh()
     full.fit(data)

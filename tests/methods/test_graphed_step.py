@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import built_method
 
 import ccu
 from ccu.data import load_dataset
@@ -257,10 +258,7 @@ def _gan(monkeypatch, graphs: bool, epochs: int = 3):
     monkeypatch.setattr(gan, "graphs_wanted", lambda device: graphs)
     data = load_dataset("digits", seed=0).subset(300)
     prof = ccu.get_profile("smoke", epochs=epochs, n_train=300)
-    settings = replace(ccu.train_settings("digits"), batch_size=64)
-    m = get_method("GAN")(data.spec, settings, prof)
-    m.progress = False
-    m.build(data)
+    m = built_method("GAN", data, prof, replace(ccu.train_settings("digits"), batch_size=64))
     return m, m.fit(data)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import built_method
 
 import ccu
 from ccu.data import load_dataset
@@ -29,13 +30,7 @@ def test_a_training_stopped_after_an_epoch_resumes_to_the_uninterrupted_weights(
     data = load_dataset("digits", seed=0).subset(200)
     prof = ccu.get_profile("smoke", epochs=2, n_train=200, ensemble=2, acet_steps=2)
 
-    def fresh():
-        m = get_method(name)(data.spec, ccu.train_settings("digits"), prof)
-        m.progress = False
-        m.build(data)
-        return m
-
-    whole = fresh()
+    whole = built_method(name, data, prof)
     whole.fit(data)
     ckpt = tmp_path / "checkpoint.pt"
 
@@ -43,8 +38,8 @@ def test_a_training_stopped_after_an_epoch_resumes_to_the_uninterrupted_weights(
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        fresh().fit(data, checkpoint=ckpt, on_epoch_end=stop)
-    resumed = fresh()
+        built_method(name, data, prof).fit(data, checkpoint=ckpt, on_epoch_end=stop)
+    resumed = built_method(name, data, prof)
     resumed.fit(data, checkpoint=ckpt)
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
