@@ -34,9 +34,10 @@ Only CUDA uses it (``CCU_CUDA_GRAPHS=0`` turns it off); the CPU path is the eage
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -55,6 +56,77 @@ def graphs_wanted(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and os.environ.get(ENV, "1") != "0"
 
 
+@contextlib.contextmanager
+def rng_kept_if_capture_fails(device: torch.device | str, generator=None) -> Iterator[None]:
+    """Around a CUDA graph's capture: if it fails, the default CUDA generator of ``device``
+    (or ``generator``) is given back a copy of its state from before the capture, not in
+    capture mode. Why: a capture puts every registered generator's state in capture mode, and
+    a capture that fails at its end (``cudaStreamEndCapture``: e.g. a read-back to the host
+    inside it) raises before PyTorch takes the state out of it again, so that every random draw
+    on the device afterwards (MCD's dropout, in the eager step that takes over) raises
+    "Offset increment outside graph capture". No capture advances the state's offset, so the
+    copy is where the eager step would be. The stream current before the capture is made
+    current again too: ``torch.cuda.graph`` does not leave its capture stream when the
+    capture's end raises.
+
+    >>> class Gen:  # a stand-in for a CUDA generator
+    ...     def clone_state(self): return "before"
+    ...     def graphsafe_set_state(self, state): print("given back:", state)
+    >>> try:
+    ...     with rng_kept_if_capture_fails("cuda", Gen()):
+    ...         raise RuntimeError("capture invalidated")
+    ... except RuntimeError:
+    ...     pass
+    given back: before
+    """
+    stream = None
+    if generator is None:
+        index = torch.device(device).index
+        generator = torch.cuda.default_generators[
+            torch.cuda.current_device() if index is None else index
+        ]
+        stream = torch.cuda.current_stream(device)
+    spare = generator.clone_state() if hasattr(generator, "clone_state") else None
+    try:
+        yield
+    except BaseException:
+        if spare is not None:
+            generator.graphsafe_set_state(spare)
+        if stream is not None:  # torch.cuda.graph leaves its capture stream current then
+            torch.cuda.set_stream(stream)
+        raise
+
+
+@contextlib.contextmanager
+def deterministic_cudnn(device: torch.device | str) -> Iterator[None]:
+    """cuDNN's deterministic algorithms while a training on CUDA runs (as before after it).
+    Why: the CUDA graphs are checked against the eager step as they train (here and in
+    :mod:`ccu.methods.graphed_step`); cuDNN's algorithms with atomics may sum in another order
+    in the eager step than in the replay, and ACET's inner attack steps by the gradient's sign,
+    so that a flipped sign of a near-zero gradient sends the attack down another path: a
+    deviation far above the check's tolerance, which turns the graphs off for the rest of the
+    training (an ACET epoch then takes ~10x as long). With deterministic kernels the replay
+    and the eager step are the same sums. Elsewhere (the CPU) it changes nothing.
+
+    >>> import torch
+    >>> with deterministic_cudnn("cuda"):
+    ...     torch.backends.cudnn.deterministic
+    True
+    >>> with deterministic_cudnn("cpu"):
+    ...     torch.backends.cudnn.deterministic
+    False
+    """
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    before = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.deterministic = before
+
+
 def cuda_capture(attack: Attack, model, z, noise, warmup: int = 2):
     """``attack`` captured in a CUDA graph for batches shaped as ``z``: a few eager runs on a
     side stream first (autograd's and cuDNN's lazy set-up must not happen inside the capture,
@@ -64,12 +136,14 @@ def cuda_capture(attack: Attack, model, z, noise, warmup: int = 2):
     static_z, static_noise = z.detach().clone(), noise.detach().clone()
     side = torch.cuda.Stream(device=z.device)
     side.wait_stream(torch.cuda.current_stream(z.device))
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            attack(model, static_z, static_noise)
-    torch.cuda.current_stream(z.device).wait_stream(side)
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                attack(model, static_z, static_noise)
+    finally:  # whatever raised: the default stream waits for the side stream's work
+        torch.cuda.current_stream(z.device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with rng_kept_if_capture_fails(z.device), torch.cuda.graph(graph):
         static_out = attack(model, static_z, static_noise)
 
     def replay(z: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

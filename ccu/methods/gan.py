@@ -25,7 +25,7 @@ from torch import nn
 from ccu.core.losses import uniform_cross_entropy
 from ccu.data.batches import PairedLoader, host_to_device
 from ccu.methods.base import BaseMethod, register_method
-from ccu.methods.cuda_graphs import graphs_wanted
+from ccu.methods.cuda_graphs import deterministic_cudnn, graphs_wanted
 from ccu.methods.graphed_step import GraphedStep
 from ccu.methods.training import (
     EpochCallback,
@@ -113,15 +113,16 @@ class GANMethod(BaseMethod):
             data, self.settings.batch_size, self.seed, self.settings.augment, False, self.device
         )
         check_training_data(data)
-        step = GANStep(m, loader, self.settings, self.seed, self.latent, self.beta, self.device)
-        try:
-            hist = run_epochs(
-                step, m, loader, self.profile.epochs, self.device, checkpoint=checkpoint,
-                on_epoch_end=on_epoch_end, progress=self.progress, desc="train GAN",
-            )  # fmt: skip
-        finally:  # the graphs' memory goes with the training, however it ends
-            if step.graphed is not None:
-                step.graphed.release()
+        with deterministic_cudnn(self.device):  # as ccu.Trainer trains on CUDA
+            step = GANStep(m, loader, self.settings, self.seed, self.latent, self.beta, self.device)
+            try:
+                hist = run_epochs(
+                    step, m, loader, self.profile.epochs, self.device, checkpoint=checkpoint,
+                    on_epoch_end=on_epoch_end, progress=self.progress, desc="train GAN",
+                )  # fmt: skip
+            finally:  # the graphs' memory goes with the training, however it ends
+                if step.graphed is not None:
+                    step.graphed.release()
         self.step_records = [step.graphed.record() if step.graphed is not None else None]
         m.eval()
         return hist

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ccu.methods.cuda_graphs import say
+from ccu.methods.cuda_graphs import rng_kept_if_capture_fails, say
 
 #: ``(x, y, z) -> (loss, logits)``: one training step, its optimiser step and constraint included
 Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], tuple]
@@ -60,10 +60,11 @@ def cuda_warmup(step: Step, x, y, z):
     """``step`` on a side stream (autograd's and cuDNN's lazy set-up before a capture)."""
     side = torch.cuda.Stream(device=x.device)
     side.wait_stream(torch.cuda.current_stream(x.device))
-    with torch.cuda.stream(side):
-        out = step(x, y, z)
-    torch.cuda.current_stream(x.device).wait_stream(side)
-    return out
+    try:
+        with torch.cuda.stream(side):
+            return step(x, y, z)
+    finally:  # also when it raises (a host read): the state put back waits for its work
+        torch.cuda.current_stream(x.device).wait_stream(side)
 
 
 def cuda_capture(step: Step, x, y, z):
@@ -73,7 +74,8 @@ def cuda_capture(step: Step, x, y, z):
     replay (the trainer reads them at once)."""
     static = [None if t is None else t.detach().clone() for t in (x, y, z)]
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # a failed capture leaves the RNG usable for the eager step that takes over
+    with rng_kept_if_capture_fails(x.device), torch.cuda.graph(graph):
         outputs = step(*static)
 
     def replay(x, y, z):
@@ -162,6 +164,8 @@ class GraphedStep:
         self.steps = self.checks = self.captures = 0
         self.max_deviation = 0.0
         self.off: str | None = None  # why the graphs were turned off (None: on)
+        #: cuDNN's deterministic algorithms at the start (``cuda_graphs.deterministic_cudnn``)
+        self.cudnn_deterministic = bool(torch.backends.cudnn.deterministic)
 
     def __call__(self, x, y, z, epoch: int = 0):
         if self.off is not None:
@@ -301,9 +305,10 @@ class GraphedStep:
     def record(self) -> dict:
         """What the run's config keeps (``training_step``): whether graphs ran (and until
         when), the steps, captures, the checks against the eager step that passed and their
-        largest deviation."""
+        largest deviation; whether cuDNN ran its deterministic algorithms."""
         return {
             "cuda_graphs": self.off is None,
+            "cudnn_deterministic": self.cudnn_deterministic,
             "steps": self.steps,
             "captures": self.captures,
             "checks_passed": self.checks,

@@ -44,7 +44,7 @@ from ccu.core.settings import TrainSettings
 from ccu.core.validation import check_finite, check_labels, trusted_inputs
 from ccu.data import Dataset
 from ccu.data.batches import PairedLoader
-from ccu.methods.cuda_graphs import graphs_wanted
+from ccu.methods.cuda_graphs import deterministic_cudnn, graphs_wanted
 from ccu.methods.graphed_step import GraphedStep
 from ccu.store.results import CorruptResultError, write_torch
 
@@ -315,7 +315,12 @@ class Trainer:
         if is_ccu:
             model.after_step()
         self.graphed = None
-        with self._accelerated(model) as autocast, trusted_inputs():
+        # on CUDA in cuDNN's deterministic algorithms: the graphs' checks compare like with like
+        with (
+            self._accelerated(model) as autocast,
+            trusted_inputs(),
+            deterministic_cudnn(self.device),
+        ):
             step = _ObjectiveStep(self, model, loader, opt, sched, objective, autocast)
             if graphs:
                 self.graphed = GraphedStep(

@@ -4,6 +4,7 @@ recorded in the run's config. The control flow runs on the CPU with stand-in cap
 replay the step's Python (what a good graph gives); the real graph against the eager step is
 the device's check (benchmarks/bench_epochs.py times both in call 0 of a lease)."""
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -453,3 +454,81 @@ def test_the_cuda_graph_of_an_acet_step_gives_the_eager_steps_weights(monkeypatc
             assert objective.record()["in_training_step_graphs"]
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-4)
+
+
+class _Generator:
+    """A stand-in for a CUDA generator: its state, and whether a capture left it capturing."""
+
+    def __init__(self):
+        self.state = "before the capture"
+        self.given_back = []
+
+    def clone_state(self):
+        return self.state
+
+    def graphsafe_set_state(self, state):
+        self.given_back.append(state)
+
+
+def test_a_failed_capture_gives_the_rng_its_state_from_before_and_a_good_one_keeps_it():
+    """A capture that fails at its end leaves PyTorch's CUDA generator in capture mode (its
+    epilogue is skipped), and MCD's dropout in the eager step that takes over would raise; the
+    guard gives the generator a copy of its state from before the capture."""
+    gen = _Generator()
+    with pytest.raises(RuntimeError, match="invalidated"):
+        with cuda_graphs.rng_kept_if_capture_fails("cuda", gen):
+            raise RuntimeError(
+                "operation failed due to a previous error during capture (invalidated)"
+            )
+    assert gen.given_back == ["before the capture"]
+    gen = _Generator()
+    with cuda_graphs.rng_kept_if_capture_fails("cuda", gen):
+        pass
+    assert gen.given_back == []
+
+
+def test_trainings_on_cuda_run_in_cudnns_deterministic_algorithms(monkeypatch):
+    """The graphs' checks compare the replay with the eager step: cuDNN's algorithms with
+    atomics could sum in another order (and flip ACET's gradient signs); every training, the
+    trainer's and GAN's, runs inside deterministic_cudnn(its device), and the graphs' record
+    says how cuDNN ran."""
+    entered = []
+
+    @contextlib.contextmanager
+    def seen(device):
+        entered.append(torch.device(device).type)
+        yield
+
+    monkeypatch.setattr(training, "deterministic_cudnn", seen)
+    monkeypatch.setattr(gan, "deterministic_cudnn", seen)
+    data = load_dataset("digits", seed=0).subset(128)
+    settings = replace(ccu.train_settings("digits"), batch_size=64)
+    ccu.Trainer(epochs=1, settings=settings, progress=False).fit(ccu.MLP(64, 10, hidden=8), data)
+    assert entered == ["cpu"]
+    m = get_method("GAN")(data.spec, settings, ccu.get_profile("smoke", epochs=1, n_train=128))
+    m.progress = False
+    m.build(data)
+    m.fit(data)
+    assert entered == ["cpu", "cpu"]
+    with cuda_graphs.deterministic_cudnn("cuda"):
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = GraphedStep(lambda x, y, z: (None, None), model, opt, capture=exact, warmup=eager)
+    assert g.record()["cudnn_deterministic"] and not torch.backends.cudnn.deterministic
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lease's check)")
+def test_after_a_failed_capture_the_eager_step_still_draws_random_numbers_on_the_device():
+    """On the device: a step that reads back to the host inside its capture fails it; dropout
+    (MCD's step) must still run eagerly afterwards, on the stream current before."""
+    x = torch.ones(64, device="cuda")
+    stream = torch.cuda.current_stream()
+
+    def reads_back(x, y, z):
+        out = torch.nn.functional.dropout(x, 0.5)
+        return float(out.sum()), None  # a host read: no capture holds it
+
+    with pytest.raises(Exception):  # noqa: B017 - whatever CUDA raises for it
+        graphed_step.cuda_capture(reads_back, x, None, None)
+    assert torch.cuda.current_stream() == stream
+    assert torch.nn.functional.dropout(x, 0.5).shape == x.shape

@@ -30,3 +30,33 @@ def test_each_method_is_timed_alone_and_a_failure_is_recorded_not_raised(tmp_pat
         assert attack["steps_timed"] == [5, 10] and attack["iterates"] == 2 * 50
         assert attack["attack_full_s"] >= attack["seconds"][0] > 0
     assert len(timed["data_checksum"]) == 64 and timed["ccu_version"] and timed["commit"]
+
+
+def test_a_graphed_epoch_is_planned_with_its_checks_against_the_eager_step(tmp_path, monkeypatch):
+    """Call 0 times steps 31 to 60, which hold no check of the graphs against the eager step;
+    a whole epoch holds one every GraphedStep.check_every steps (each an eager step more, and
+    the state saved and compared): the epoch the planner reads includes them. The graphs here
+    are stand-ins replaying the step (the CPU has none); CCU_CUDA_GRAPHS=0 turns them off for
+    the eager epochs, as on the device."""
+    import os
+
+    from ccu.methods import graphed_step, training
+
+    monkeypatch.setattr(
+        training, "graphs_wanted", lambda device: os.environ.get("CCU_CUDA_GRAPHS") != "0"
+    )
+    monkeypatch.setattr(graphed_step, "cuda_warmup", lambda step, x, y, z: step(x, y, z))
+    monkeypatch.setattr(graphed_step, "cuda_sync_checked", lambda warmup, *args: warmup(*args))
+    monkeypatch.setattr(graphed_step, "cuda_capture", lambda step, x, y, z: step)
+    make = training.make_optimizer
+    monkeypatch.setattr(
+        training, "make_optimizer", lambda model, settings, capturable=False: make(model, settings)
+    )
+    argv = ["--dataset", "digits", "--batches", "3", "--device", "cpu", "--no-attack"]
+    t = bench_epochs.main([*argv, "--methods", "Base"])["by_method"]["Base"]
+    assert t["training_step"]["cuda_graphs"] and t["step_graphs_speedup"] > 0
+    steps = 1e3 * t["graphed_epoch_s"] / t["ms_per_batch"]  # the whole set's batches
+    checks = steps / graphed_step.GraphedStep.check_every
+    assert abs(t["check_s_per_epoch"] - checks * 2 * t["eager_full_epoch_s"] / steps) < 1e-9
+    assert abs(t["full_epoch_s"] - t["graphed_epoch_s"] - t["check_s_per_epoch"]) < 1e-9
+    assert t["check_s_per_epoch"] > 0
