@@ -197,13 +197,28 @@ def estimated_seconds(method: str, dataset: str) -> tuple[int, int] | None:
     return int(round(train)), int(round(attack * image))
 
 
-def members_in_turn(dataset: str) -> int:
+def members_in_turn(dataset: str, graphed: bool = False) -> int:
     """How many of DE's members' epochs its epoch is planned as on ``dataset``: one on MNIST,
-    whose five LeNet members trained at once without slowing one another (four processes were
-    measured so); elsewhere all of them (:data:`DE_MEMBERS`), as if one after another: five
-    ResNet18s at once share one GPU, which no lease has measured, and DE cannot continue in
-    another call if it runs long."""
-    return 1 if dataset in COST_DATASETS else DE_MEMBERS
+    whose five LeNet members trained at once without slowing one another (four eager processes
+    were measured so); elsewhere, and wherever call 0 timed the member's steps in CUDA graphs
+    (``graphed``: each process then keeps the GPU busy, :func:`graphed_alone`), all of them
+    (:data:`DE_MEMBERS`), as if one after another: five ResNet18s at once share one GPU, which
+    no lease has measured, and DE cannot continue in another call if it runs long."""
+    return 1 if dataset in COST_DATASETS and not graphed else DE_MEMBERS
+
+
+def graphed_alone(method: str, dataset: str = "mnist", bench: Path | None = None) -> bool:
+    """Whether call 0 timed ``method``'s epoch on ``dataset`` with its whole step in CUDA
+    graphs (its ``training_step`` record), so that its plan comes from a graphed epoch.
+
+    Such a training holds the GPU nearly all the time: a graph replays its kernels back to
+    back, and without CUDA's MPS (which the device does not run) the kernels of two processes
+    never run at once, the GPU takes them in turns. The four eager LeNet lanes of the
+    2026-11-28 lease did not slow one another because each left the GPU idle between its
+    launches; graphed lanes would. So :func:`plan` adds up the graphed trainings of a call
+    (:func:`gpu_seconds`) instead of taking them as side by side."""
+    timed = _timed_alone(method_of(method), bench, dataset)
+    return "full_epoch_s" in timed and bool((timed.get("training_step") or {}).get("cuda_graphs"))
 
 
 def alone_train_seconds(
@@ -219,7 +234,7 @@ def alone_train_seconds(
     if "full_epoch_s" not in timed:
         return None
     fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S) + (CCU_BUILD_S if method == "CCU" else 0)
-    members = members_in_turn(dataset) if method == "DE" else 1
+    members = members_in_turn(dataset, graphed_alone("DE", dataset, bench)) if method == "DE" else 1
     return int(round(fixed + EPOCHS * members * float(timed["full_epoch_s"])))
 
 
@@ -524,12 +539,28 @@ def units(todo: list[str], ccu_init: bool = False, dataset: str = "mnist",
     return result
 
 
-def lane_end(lane: list[tuple[list[str], int, int]], ready: int) -> int:
+def lane_end(lane: list[tuple[list[str], int, int]], ready: int, trained: int = 0) -> int:
     """When a lane ends: it trains its methods one after another, attacks each as soon as the
-    balls are there (``ready`` seconds into the call) and its training is done."""
+    balls are there (``ready`` seconds into the call) and its training is done (``trained``:
+    when it is done with the GPU shared, :meth:`_Filling.ends`; else its seconds alone)."""
     train = sum(u[1] for u in lane)
     attack = sum(u[2] for u in lane)
-    return max(train, ready) + attack
+    return max(train, ready, trained) + attack
+
+
+def gpu_seconds(unit, dataset: str = "mnist", epochs: int = EPOCHS) -> int:
+    """The seconds of ``unit``'s planned training that hold the GPU (:func:`graphed_alone`):
+    its share planned from graphed epochs, 0 for one planned from eager ones (lanes side by
+    side, as measured). A unit's training seconds as planned (a training continued from an
+    earlier call: what it has left), split by its methods' planned costs; of each, its epochs
+    only (:func:`outside_epochs` leaves the GPU free)."""
+    group, train, _ = unit
+    costs = {m: train_cost(m, dataset=dataset, epochs=epochs) for m in group}
+    # the epochs' part: a process's start, its data and its scoring leave the GPU free
+    graphed = sum(max(c - round(SAFETY * outside_epochs(method_of(m))), 0)
+                  for m, c in costs.items() if graphed_alone(m, dataset))  # fmt: skip
+    total = sum(costs.values())
+    return int(round(train * graphed / total)) if graphed and total else 0
 
 
 class Call(NamedTuple):
@@ -593,6 +624,99 @@ def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60, epochs: int
         return False
     left = budget_s - START_S - reserve_s
     return rest_of(train, limit, False, epochs) + attack <= next_limit(left, call_timeout(limit))
+
+
+class _Filling:
+    """One call as :func:`plan` fills it: its lanes, the trainings that span it
+    (``{method: "starts" or "continues"}``), when CCU's training ends (``ready``; its balls
+    then) and the GPU seconds of its spanning graphed trainings. ``limit``: its seconds of
+    work; ``after``: the next call's.
+
+    The graphed trainings of a call take the GPU in turns (:func:`gpu_seconds`): each lane's
+    graphed seconds ``g`` are served alongside the others' as by a processor shared equally,
+    so that its training is done after the sum over all lanes of ``min(g_j, g)``, plus its
+    seconds off the GPU (the smallest ends first; the largest after all of them). A lane
+    planned from eager epochs is taken to run beside them as measured."""
+
+    def __init__(self, limit: int, jobs: int, after: int, dataset: str, epochs: int):
+        self.limit, self.jobs, self.after = limit, jobs, after
+        self.dataset, self.epochs = dataset, epochs
+        self.lanes: list[list] = []
+        self.spanning: dict[str, str] = {}
+        self.ready = 0
+        self.span_gpu: dict[str, int] = {}  # a spanning graphed training: its GPU in this call
+
+    def gpu(self, unit) -> int:
+        return gpu_seconds(unit, self.dataset, self.epochs)
+
+    def _lane_gpu(self, lane) -> int:
+        if lane[0][0][0] in self.spanning:
+            return self.span_gpu.get(lane[0][0][0], 0)
+        return sum(self.gpu(u) for u in lane)
+
+    @property
+    def shared(self) -> int:
+        """The GPU seconds of the call's graphed trainings, all of them."""
+        return sum(self._lane_gpu(lane) for lane in self.lanes)
+
+    def ends(self, lanes) -> list[int]:
+        """When each of ``lanes`` ends (a spanning one: 0, it trains to the hard limit)."""
+        gpu = [self._lane_gpu(lane) for lane in lanes]
+
+        def trained(i) -> int:
+            own = sum(u[1] for u in lanes[i])
+            if not gpu[i]:
+                return own
+            return max(own, sum(min(g, gpu[i]) for g in gpu) + own - gpu[i])
+
+        ccu = [i for i, lane in enumerate(lanes) if lane[0][0] == ["CCU"] and self.ready]
+        ready = trained(ccu[0]) if ccu else 0
+        return [
+            0 if lane[0][0][0] in self.spanning
+            else lane_end(lane, 0 if i in ccu else ready, trained(i))
+            for i, lane in enumerate(lanes)
+        ]  # fmt: skip
+
+    def end(self, lanes=None) -> int:
+        """When the call's work ends: its last lane to end, but for a spanning one."""
+        return max(self.ends(self.lanes if lanes is None else lanes), default=0)
+
+    def place(self, unit) -> bool:
+        """``unit`` into the lane where it ends first, if every lane still ends in the call
+        (with a graphed training, the others' graphed ones end later too); False if none."""
+        tried = []
+        for i, lane in enumerate(self.lanes):
+            if (lane[0][0] == ["CCU"] and self.ready) or lane[0][0][0] in self.spanning:
+                continue
+            tried.append((i, [*self.lanes[:i], [*lane, unit], *self.lanes[i + 1 :]]))
+        if len(self.lanes) < self.jobs:
+            tried.append((len(self.lanes), [*self.lanes, [unit]]))
+        fits = []
+        for i, trial in tried:
+            ends = self.ends(trial)
+            if max(ends) <= self.limit:
+                fits.append((ends[i], i))
+        if not fits:
+            return False
+        _, i = min(fits)
+        if i == len(self.lanes):
+            self.lanes.append([])
+        self.lanes[i].append(unit)
+        return True
+
+    def span(self, unit, continuing: bool) -> bool:
+        """``unit`` spanning this call and the next (:func:`_span`). A graphed training holds
+        the GPU through the call: a new one only in a call that holds nothing else yet."""
+        gpu = self.gpu(unit)
+        if gpu and not continuing and self.lanes:
+            return False
+        room = (self.lanes, self.spanning, self.jobs, self.limit, self.after)
+        if not _span(unit, continuing, *room, epochs=self.epochs):
+            return False
+        if gpu:
+            progress = int(span_progress(self.limit, continuing, unit[1], self.epochs))
+            self.span_gpu[unit[0][0]] = progress
+        return True
 
 
 def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False,
@@ -679,50 +803,47 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         limit = call_limit(left)
         if limit <= 0:
             break
-        lanes: list[list] = []
-        spanning: dict[str, str] = {}
-        ready = 0
+        call = _Filling(limit, jobs, next_limit(left, call_timeout(limit)), dataset, epochs)
+        lanes, spanning = call.lanes, call.spanning
         still = []
         for unit in carried:  # first, in lanes of their own: they finish here, or span again
-            group, rest, attack = unit
-            if rest + attack <= limit:
+            if call.end([*lanes, [unit]]) <= limit:
                 lanes.append([unit])
             else:
                 still.append(unit)
         if not balls:  # CCU first, in a lane of its own: the others attack in its balls
             ccu = [u for u in pending if u[0] == ["CCU"]]
-            if not ccu or ccu[0][1] + ccu[0][2] > limit:
+            if not ccu or call.end([*lanes, [ccu[0]]]) > limit:
                 break
             lanes.append([ccu[0]])
             # its balls: certified in its training's process (`ccu train --balls`), whose
             # measured seconds (COST_S) include them
-            ready = ccu[0][1]
+            call.ready = ccu[0][1]
+        ready = call.ready
         rest = [u for u in pending if u[0] != ["CCU"] or balls]
-        after = next_limit(left, call_timeout(limit))  # what the next call holds
-        room = (lanes, spanning, jobs, limit, after)
         for unit in still:  # trainings continued from the last call that span this one too
-            _span(unit, True, *room, epochs=epochs)
+            call.span(unit, True)
         # biggest first: into the lane where it ends first, if it finishes in this call; else
         # spanning it and the next in a lane of its own
+        variants = [u for u in rest if epochs_of(u[0][0]) is not None and call.gpu(u)]
+        taken = []  # variants placed with fewer epochs, as their smaller selves
         for unit in sorted(rest, key=lambda u: -(u[1] + u[2])):
-            ends = [(lane_end([*lane, unit], _ready(lane, ready)), i)
-                    for i, lane in enumerate(lanes)
-                    if not (lane[0][0] == ["CCU"] and ready) and lane[0][0][0] not in spanning]  # fmt: skip
-            if len(lanes) < jobs:
-                ends.append((lane_end([unit], ready), len(lanes)))
-            end, i = min(ends, default=(limit + 1, -1))
-            if end > limit:
-                if not ready:  # not in CCU's call: its balls come too late for a plan
-                    _span(unit, False, *room, epochs=epochs)
-                continue
-            if i == len(lanes):
-                lanes.append([])
-            lanes[i].append(unit)
+            if unit not in variants and not call.place(unit) and not ready:
+                call.span(unit, False)  # not in CCU's call: its balls come too late for a plan
+        # reduced variants from graphed epochs last: each takes at most an equal share of the
+        # GPU that the others leave, with as many epochs (a multiple of 5) as that holds
+        variants.sort(key=lambda u: -(u[1] + u[2]))
+        for k, unit in enumerate(variants):
+            share = (limit - call.shared) / (len(variants) - k)
+            for smaller in shrunk(unit, ccu_init, dataset, epochs):
+                if call.gpu(smaller) <= share and call.place(smaller):
+                    taken.append(unit)
+                    break
         placed = [u for lane in lanes for u in lane]
         dropped += [u for u in still if u not in placed]  # no time left to continue: lost
         if not placed:
             break
-        work = limit if spanning else max(lane_end(lane, _ready(lane, ready)) for lane in lanes)
+        work = limit if spanning else call.end()
         # each lane: a continued training first, then the cheaper units first (more of them
         # finish, and come back, in a call cut short)
         order = [sorted(lane, key=lambda u: (u not in carried, u[1] + u[2])) for lane in lanes]
@@ -741,7 +862,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
                     )  # fmt: skip
                 )
         carried = nxt
-        pending = [u for u in pending if u not in placed]
+        pending = [u for u in pending if u not in placed and u not in taken]
         left -= call_timeout(work) + CALL_OVERHEAD_S  # what print_plan gives the call
         balls = True
     later = list(dict.fromkeys(m for u in pending + carried + dropped for m in u[0]))
@@ -842,6 +963,16 @@ def reduced_token(method: str, limit: int, inflight=None, dataset: str = "mnist"
         if train_cost(f"{method}@{n}", dataset=dataset) + attack <= limit:
             return f"{method}@{n}"
     return None
+
+
+def shrunk(unit, ccu_init: bool = False, dataset: str = "mnist", epochs: int = EPOCHS):
+    """``unit``, a reduced variant (``MCD@45``), then the same with 5 epochs fewer each time,
+    down to 5: the sizes :func:`plan` tries where graphed trainings share the call's GPU."""
+    (token,) = unit[0]
+    n = epochs_of(token)
+    yield unit
+    for fewer in range(n - n % 5 - (5 if n % 5 == 0 else 0), 4, -5):
+        yield units([f"{method_of(token)}@{fewer}"], ccu_init, dataset, epochs)[0]
 
 
 def variant_parts(reference: Path, label: str, dataset: str) -> dict[str, str]:

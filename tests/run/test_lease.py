@@ -897,3 +897,73 @@ def test_a_call_without_parts_still_keeps_its_log_without_machine_paths(tmp_path
     assert "the call's log is kept" in capsys.readouterr().out
     # the same log again: kept once
     assert lease.keep_logs(came, ref) == [] and len(list((ref / "leases").glob("*.log"))) == 1
+
+
+def _mnist_six_committed(tmp_path) -> Path:
+    """A reference tree holding MNIST's six parts as committed on 2026-11-28, with the balls."""
+    ref = tmp_path / "ref"
+    folder = ref / "paper" / "mnist"
+    folder.mkdir(parents=True)
+    for name in ("balls.json", "balls.npz"):
+        (folder / name).write_text("{}")
+    for m in ("CCU", "Base", "ODIN", "Maha", "EDL", "OE"):
+        for kind in ("attack.json", "config.json"):
+            (folder / f"{m}.{kind}").write_text("{}")
+    return ref
+
+
+def test_graphed_trainings_share_the_gpu_so_a_call_holds_their_sum_not_their_longest(
+    tmp_path, monkeypatch
+):
+    """Without CUDA's MPS the kernels of two processes never run at once: lanes whose steps
+    replay CUDA graphs (each keeping the GPU busy) take the GPU in turns, unlike the eager lanes
+    of the 2026-11-28 lease, which left it idle between launches. Timed graphed in call 0, the
+    rest of MNIST's grid must not be planned into one call as if side by side (every lane
+    would then be cut at the hard limit, and the lease lose them all): each call holds at most
+    its work's worth of graphed training, the rest goes to a later call or lease, and DE's
+    five member processes count five times."""
+    ref = _mnist_six_committed(tmp_path)
+    graphed = {"cuda_graphs": True, "checks_passed": 3}
+    epoch = {"MCD": 1.5, "GAN": 3.0, "DE": 0.3, "ACET": 2.5, "ACET2": 2.6}
+    timed = {m: {"full_epoch_s": s, "training_step": graphed} for m, s in epoch.items()}
+    lease.EPOCHS_BENCH.parent.mkdir(parents=True)
+    lease.EPOCHS_BENCH.write_text(json.dumps({"by_method": timed}))
+    assert lease.graphed_alone("ACET") and lease.members_in_turn("mnist", True) == 5
+    assert lease.alone_train_seconds("DE") == 45 + 100 * 5 * 0.3  # five processes in turn
+    calls, later, too_long, _ = lease.plan("mnist", ref, "paper", 900, 5, reduce=True)
+    assert not too_long and calls and later  # all five fit a lease alone, not together
+    for call in calls:
+        units = [u for lane in call.lanes for u in lease.units(lane)]
+        gpu = sum(lease.gpu_seconds(u) for u in units)
+        assert 0 < gpu <= call.work <= lease.LONGEST_WORK_S
+    whole, runs, _ = lease.leases_needed("mnist", ref, jobs=5, reduce=True)
+    assert whole > 1 and sorted(m for r in runs for m in r) == sorted(epoch)
+    assert ["DE", "MCD"] in runs  # the two smallest share one call: each ends in time
+    # the same epochs taken as eager (side by side): one call would hold them all
+    for t in timed.values():
+        del t["training_step"]
+    lease.EPOCHS_BENCH.write_text(json.dumps({"by_method": timed}))
+    calls, later, *_ = lease.plan("mnist", ref, "paper", 900, 5, reduce=True)
+    assert not later and sorted(calls[0].methods) == sorted(epoch)
+
+
+def test_reduced_variants_of_graphed_trainings_share_what_the_call_leaves_equally(
+    tmp_path, monkeypatch
+):
+    """Two methods too long for any lease, timed graphed: their variants do not each fill the
+    call (together they would take twice its GPU time); each gets an equal share of what the
+    full-protocol methods leave, as many epochs (a multiple of 5) as that holds."""
+    ref = _mnist_six_committed(tmp_path)
+    graphed = {"cuda_graphs": True}
+    epoch = {"MCD": 0.5, "GAN": 0.6, "DE": 0.1, "ACET": 12.0, "ACET2": 12.0}
+    timed = {m: {"full_epoch_s": s, "training_step": graphed} for m, s in epoch.items()}
+    lease.EPOCHS_BENCH.parent.mkdir(parents=True)
+    lease.EPOCHS_BENCH.write_text(json.dumps({"by_method": timed}))
+    calls, later, too_long, _ = lease.plan("mnist", ref, "paper", 900, 5, reduce=True)
+    variants = [m for c in calls for m in c.methods if "@" in m]
+    assert {lease.method_of(m) for m in variants} == {"ACET", "ACET2"} and not too_long
+    (call,) = [c for c in calls if any("@" in m for m in c.methods)]
+    units = [u for lane in call.lanes for u in lease.units(lane)]
+    assert sum(lease.gpu_seconds(u) for u in units) <= call.work <= lease.LONGEST_WORK_S
+    e = [lease.epochs_of(m) for m in variants]
+    assert all(n % 5 == 0 and n >= 5 for n in e) and abs(e[0] - e[1]) <= 5
