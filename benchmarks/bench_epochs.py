@@ -9,7 +9,11 @@ VGG13 for MCD and GAN; every method's whole step in CUDA graphs where
 the same two epochs eagerly too: ``step_graphs_speedup``), one after another in one
 process, on ``--batches`` batches (an epoch of ``n_train = batches x batch size``) for two epochs, and takes the second epoch (the first holds
 cuDNN's and the graphs' set-up), scaled to a full epoch of the dataset. DE is timed as one
-member (``ensemble`` 1): its members train at once, each in a process of its own.
+member (``ensemble`` 1): its members train at once, each in a process of its own. A graphed
+epoch also gets its checks against the eager step added (``check_s_per_epoch``: the timed
+batches hold none) and the share of its wall time its replays kept the GPU busy
+(``gpu_busy_fraction``, from CUDA events around each replay: :class:`ReplayClock`), by which
+the planner shares the GPU between lanes.
 
 Then the trained model's Table 1 attack is timed (``--attack``, on by default): the attack of
 the paper's protocol (every certified ball x 50 restarts) in the committed balls of
@@ -113,6 +117,41 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+class ReplayClock:
+    """Times every replay of a CUDA graph (``ccu.methods.cuda_graphs.replay_timer``): on CUDA
+    by events recorded on the stream before and after it (their elapsed time is the GPU's
+    time on the graph, whatever the host did meanwhile), elsewhere by the wall clock (the
+    stand-in graphs of the tests). :meth:`busy` sums a range of them: the seconds an epoch kept
+    the GPU busy with its graphs, which the planner sets against the epoch's wall time (lanes
+    that replay graphs take the GPU in turns: ``tools/lease.py``'s ``gpu_seconds``)."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.spans: list = []
+
+    def __call__(self, replay, *inputs):
+        if not self.cuda:
+            began = time.perf_counter()
+            out = replay(*inputs)
+            self.spans.append(time.perf_counter() - began)
+            return out
+        before = torch.cuda.Event(enable_timing=True)
+        after = torch.cuda.Event(enable_timing=True)
+        before.record()
+        out = replay(*inputs)
+        after.record()
+        self.spans.append((before, after))
+        return out
+
+    def busy(self, first: int, last: int) -> float:
+        """Seconds of the replays ``first`` to ``last`` (indices into :attr:`spans`)."""
+        spans = self.spans[first:last]
+        if not self.cuda:
+            return float(sum(spans))
+        torch.cuda.synchronize()
+        return sum(a.elapsed_time(b) for a, b in spans) / 1e3
+
+
 def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, seed=0,
                 attack: bool = False, balls_dir=None, centres=None) -> dict:  # fmt: skip
     """``method`` trained for two epochs of ``batches`` batches of ``data_all`` (``dataset``
@@ -134,7 +173,14 @@ def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, 
     began = time.perf_counter()
     m.build(data)
     built = time.perf_counter() - began
-    history = m.fit(data)
+    from ccu.methods import cuda_graphs
+
+    clock, ends = ReplayClock(device), [0]  # the replays timed, and how many by each epoch's end
+    cuda_graphs.replay_timer = clock
+    try:
+        history = m.fit(data, on_epoch_end=lambda done, total: ends.append(len(clock.spans)))
+    finally:
+        cuda_graphs.replay_timer = None
     batches = math.ceil(n_train / batch)
     per_batch = history.seconds[-1] / batches
     steps = math.ceil(len(data_all.train_x) / batch)
@@ -173,6 +219,12 @@ def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, 
         out["graphed_epoch_s"] = out["full_epoch_s"]
         out["check_s_per_epoch"] = checks * 2 * eager
         out["full_epoch_s"] += out["check_s_per_epoch"]
+    if len(ends) >= 3 and ends[-1] > ends[-2] and history.seconds[-1] > 0:
+        # the timed epoch's replays (a training step's graphs, or ACET's inner attack's): the
+        # share of its wall time they kept the GPU busy
+        busy = clock.busy(ends[-2], ends[-1])
+        out["gpu_busy_s"] = busy
+        out["gpu_busy_fraction"] = min(busy / history.seconds[-1], 1.0)
     if attack:
         try:
             out["attack"] = attack_alone(m, prof, data.spec.shape, balls_dir, centres, seed)

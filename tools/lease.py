@@ -218,7 +218,25 @@ def graphed_alone(method: str, dataset: str = "mnist", bench: Path | None = None
     launches; graphed lanes would. So :func:`plan` adds up the graphed trainings of a call
     (:func:`gpu_seconds`) instead of taking them as side by side."""
     timed = _timed_alone(method_of(method), bench, dataset)
-    return "full_epoch_s" in timed and bool((timed.get("training_step") or {}).get("cuda_graphs"))
+    step = (timed.get("training_step") or {}).get("cuda_graphs")
+    inner = (timed.get("inner_attack") or {}).get("cuda_graphs")  # ACET's, when the step's were off
+    return "full_epoch_s" in timed and bool(step or inner)
+
+
+#: the busy share measured in call 0 is the graphs' own: the batch's copies and the sums around
+#: each replay, and the GPU's switches between processes, come on top (not measured)
+BUSY_MARGIN = 1.25
+
+
+def busy_share(method: str, dataset: str = "mnist") -> float:
+    """The share of a graphed epoch's wall time that ``method``'s graphs keep the GPU busy:
+    call 0's ``gpu_busy_fraction`` (CUDA events around each replay) times
+    :data:`BUSY_MARGIN`, at most 1; 1 where call 0 did not measure it (all of it, the safe
+    side); 0 for a method not timed in graphs (:func:`graphed_alone`)."""
+    if not graphed_alone(method, dataset):
+        return 0.0
+    busy = _timed_alone(method_of(method), None, dataset).get("gpu_busy_fraction")
+    return 1.0 if busy is None else min(1.0, BUSY_MARGIN * float(busy))
 
 
 def alone_train_seconds(
@@ -548,19 +566,23 @@ def lane_end(lane: list[tuple[list[str], int, int]], ready: int, trained: int = 
     return max(train, ready, trained) + attack
 
 
-def gpu_seconds(unit, dataset: str = "mnist", epochs: int = EPOCHS) -> int:
-    """The seconds of ``unit``'s planned training that hold the GPU (:func:`graphed_alone`):
-    its share planned from graphed epochs, 0 for one planned from eager ones (lanes side by
-    side, as measured). A unit's training seconds as planned (a training continued from an
-    earlier call: what it has left), split by its methods' planned costs; of each, its epochs
-    only (:func:`outside_epochs` leaves the GPU free)."""
+def gpu_seconds(unit, dataset: str = "mnist", epochs: int = EPOCHS, ccu_init: bool = False) -> int:
+    """The seconds of ``unit``'s planned training that keep the GPU busy: of each method timed
+    in graphs (:func:`graphed_alone`), its epochs (:func:`outside_epochs`, its process start,
+    data and scoring, leave the GPU free) times its :func:`busy_share`; 0 for one planned
+    from eager epochs (lanes side by side, as measured). A unit's training seconds as planned
+    (a training continued from an earlier call: what it has left), split by its methods'
+    planned costs (Base's too where ODIN and Maha train it again, ``units``' ``Base*``)."""
     group, train, _ = unit
-    costs = {m: train_cost(m, dataset=dataset, epochs=epochs) for m in group}
-    # the epochs' part: a process's start, its data and its scoring leave the GPU free
-    graphed = sum(max(c - round(SAFETY * outside_epochs(method_of(m))), 0)
-                  for m, c in costs.items() if graphed_alone(m, dataset))  # fmt: skip
+    methods = list(group)
+    if "Base" not in methods and all(needs_base(m) for m in methods):
+        methods.insert(0, "Base")  # trained again for them
+    costs = {m: train_cost(m, ccu_init, dataset, epochs) for m in methods}
+    shares = {m: busy_share(m, dataset) for m in methods}
+    busy = sum(max(c - round(SAFETY * outside_epochs(method_of(m), ccu_init)), 0) * shares[m]
+               for m, c in costs.items() if shares[m])  # fmt: skip
     total = sum(costs.values())
-    return int(round(train * graphed / total)) if graphed and total else 0
+    return int(round(train * busy / total)) if busy and total else 0
 
 
 class Call(NamedTuple):
@@ -628,54 +650,81 @@ def fits_a_lease(unit, budget_s: int = LEASE_S, reserve_s: int = 60, epochs: int
 
 class _Filling:
     """One call as :func:`plan` fills it: its lanes, the trainings that span it
-    (``{method: "starts" or "continues"}``), when CCU's training ends (``ready``; its balls
-    then) and the GPU seconds of its spanning graphed trainings. ``limit``: its seconds of
-    work; ``after``: the next call's.
+    (``{method: "starts" or "continues"}``) and whether CCU trains in it (``ready``, its
+    planned seconds alone: the other lanes attack once its balls are there). ``limit``: its
+    seconds of work; ``after``: the next call's.
 
-    The graphed trainings of a call take the GPU in turns (:func:`gpu_seconds`): each lane's
-    graphed seconds ``g`` are served alongside the others' as by a processor shared equally,
-    so that its training is done after the sum over all lanes of ``min(g_j, g)``, plus its
-    seconds off the GPU (the smallest ends first; the largest after all of them). A lane
-    planned from eager epochs is taken to run beside them as measured."""
+    The lanes share one GPU (:func:`gpu_seconds`): :meth:`ends` runs the call as a fluid. Each
+    lane is a sequence of trainings and attacks, each with its seconds alone and the share of
+    them it keeps the GPU busy (an attack, and a training planned from eager epochs: none, as
+    the eager lanes of 2026-11-28 ran side by side). While the busy shares of what runs add up
+    to more than 1, every part that uses the GPU goes that many times slower; the rest goes at
+    its own pace. A lane planned from eager epochs alone ends as before."""
 
-    def __init__(self, limit: int, jobs: int, after: int, dataset: str, epochs: int):
+    def __init__(self, limit: int, jobs: int, after: int, dataset: str, epochs: int,
+                 ccu_init: bool = False):  # fmt: skip
         self.limit, self.jobs, self.after = limit, jobs, after
-        self.dataset, self.epochs = dataset, epochs
+        self.dataset, self.epochs, self.ccu_init = dataset, epochs, ccu_init
         self.lanes: list[list] = []
         self.spanning: dict[str, str] = {}
         self.ready = 0
-        self.span_gpu: dict[str, int] = {}  # a spanning graphed training: its GPU in this call
 
     def gpu(self, unit) -> int:
-        return gpu_seconds(unit, self.dataset, self.epochs)
+        return gpu_seconds(unit, self.dataset, self.epochs, self.ccu_init)
 
-    def _lane_gpu(self, lane) -> int:
-        if lane[0][0][0] in self.spanning:
-            return self.span_gpu.get(lane[0][0][0], 0)
-        return sum(self.gpu(u) for u in lane)
+    def share(self, unit) -> float:
+        """The share of ``unit``'s training that keeps the GPU busy."""
+        return min(self.gpu(unit) / unit[1], 1.0) if unit[1] > 0 else 0.0
 
     @property
     def shared(self) -> int:
-        """The GPU seconds of the call's graphed trainings, all of them."""
-        return sum(self._lane_gpu(lane) for lane in self.lanes)
+        """The GPU seconds of the call's trainings that end in it."""
+        return sum(self.gpu(u) for lane in self.lanes for u in lane
+                   if lane[0][0][0] not in self.spanning)  # fmt: skip
+
+    def _graphed_spanning(self) -> bool:
+        return any(lane[0][0][0] in self.spanning and self.share(lane[0]) for lane in self.lanes)
 
     def ends(self, lanes) -> list[int]:
-        """When each of ``lanes`` ends (a spanning one: 0, it trains to the hard limit)."""
-        gpu = [self._lane_gpu(lane) for lane in lanes]
-
-        def trained(i) -> int:
-            own = sum(u[1] for u in lanes[i])
-            if not gpu[i]:
-                return own
-            return max(own, sum(min(g, gpu[i]) for g in gpu) + own - gpu[i])
-
-        ccu = [i for i, lane in enumerate(lanes) if lane[0][0] == ["CCU"] and self.ready]
-        ready = trained(ccu[0]) if ccu else 0
+        """When each of ``lanes`` ends, the GPU shared (a spanning one: 0, it trains to the
+        hard limit). A lane trains and attacks its methods in turn; in CCU's call (``ready``)
+        the others train all theirs first and attack once CCU's training is done."""
+        ccu = next((i for i, lane in enumerate(lanes) if lane[0][0] == ["CCU"] and self.ready),
+                   None)  # fmt: skip
+        parts = []  # per lane: [seconds alone left, busy share, waits for CCU's balls]
+        for i, lane in enumerate(lanes):
+            if lane[0][0][0] in self.spanning:
+                parts.append([[math.inf, self.share(lane[0]), False]])
+            elif ccu is not None and i != ccu:
+                attacks = [[u[2], 0.0, k == 0] for k, u in enumerate(lane)]
+                parts.append([[u[1], self.share(u), False] for u in lane] + attacks)
+            else:
+                parts.append([p for u in lane for p in ([u[1], self.share(u), False],
+                                                        [u[2], 0.0, False])])  # fmt: skip
+        now, ready = 0.0, (None if ccu is not None else 0.0)
+        done = [0.0] * len(lanes)
+        while True:
+            running = [i for i, p in enumerate(parts) if p and not (p[0][2] and ready is None)]
+            finite = [i for i in running if parts[i][0][0] < math.inf]
+            if not finite:
+                break
+            demand = sum(parts[i][0][1] for i in running)
+            slow = max(demand, 1.0)
+            pace = {i: 1.0 / slow if parts[i][0][1] > 0 else 1.0 for i in running}
+            step = min(parts[i][0][0] / pace[i] for i in finite)
+            now += step
+            for i in running:
+                parts[i][0][0] -= pace[i] * step
+                if parts[i][0][0] <= 1e-9:
+                    parts[i].pop(0)
+                    if i == ccu and ready is None:  # CCU trained: its balls are there
+                        ready = now
+                    if not parts[i]:
+                        done[i] = now
         return [
-            0 if lane[0][0][0] in self.spanning
-            else lane_end(lane, 0 if i in ccu else ready, trained(i))
+            0 if lane[0][0][0] in self.spanning else math.ceil(done[i] - 1e-6)
             for i, lane in enumerate(lanes)
-        ]  # fmt: skip
+        ]
 
     def end(self, lanes=None) -> int:
         """When the call's work ends: its last lane to end, but for a spanning one."""
@@ -683,7 +732,11 @@ class _Filling:
 
     def place(self, unit) -> bool:
         """``unit`` into the lane where it ends first, if every lane still ends in the call
-        (with a graphed training, the others' graphed ones end later too); False if none."""
+        (with a graphed training, the others' graphed ones end later too); False if none. Not
+        a graphed one beside a graphed training spanning the call (its progress is planned
+        alone)."""
+        if self.share(unit) and self._graphed_spanning():
+            return False
         tried = []
         for i, lane in enumerate(self.lanes):
             if (lane[0][0] == ["CCU"] and self.ready) or lane[0][0][0] in self.spanning:
@@ -705,17 +758,20 @@ class _Filling:
         return True
 
     def span(self, unit, continuing: bool) -> bool:
-        """``unit`` spanning this call and the next (:func:`_span`). A graphed training holds
-        the GPU through the call: a new one only in a call that holds nothing else yet."""
-        gpu = self.gpu(unit)
-        if gpu and not continuing and self.lanes:
+        """``unit`` spanning this call and the next (:func:`_span`). A graphed training spans
+        only a call without other graphed ones (its progress, :func:`span_progress`, is
+        planned alone), and only if every other lane still ends in time."""
+        graphed = self.share(unit) > 0
+        if graphed and any(self.share(u) for lane in self.lanes for u in lane):
             return False
         room = (self.lanes, self.spanning, self.jobs, self.limit, self.after)
         if not _span(unit, continuing, *room, epochs=self.epochs):
             return False
-        if gpu:
-            progress = int(span_progress(self.limit, continuing, unit[1], self.epochs))
-            self.span_gpu[unit[0][0]] = progress
+        if self.end() > self.limit:  # it slows the others too much: taken back
+            self.lanes.remove([unit])
+            for m in unit[0]:
+                del self.spanning[m]
+            return False
         return True
 
 
@@ -803,7 +859,8 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         limit = call_limit(left)
         if limit <= 0:
             break
-        call = _Filling(limit, jobs, next_limit(left, call_timeout(limit)), dataset, epochs)
+        after = next_limit(left, call_timeout(limit))
+        call = _Filling(limit, jobs, after, dataset, epochs, ccu_init)
         lanes, spanning = call.lanes, call.spanning
         still = []
         for unit in carried:  # first, in lanes of their own: they finish here, or span again
@@ -826,19 +883,27 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         # biggest first: into the lane where it ends first, if it finishes in this call; else
         # spanning it and the next in a lane of its own
         variants = [u for u in rest if epochs_of(u[0][0]) is not None and call.gpu(u)]
-        taken = []  # variants placed with fewer epochs, as their smaller selves
+        taken = []  # variants placed with fewer epochs (as their smaller selves)
         for unit in sorted(rest, key=lambda u: -(u[1] + u[2])):
             if unit not in variants and not call.place(unit) and not ready:
                 call.span(unit, False)  # not in CCU's call: its balls come too late for a plan
-        # reduced variants from graphed epochs last: each takes at most an equal share of the
-        # GPU that the others leave, with as many epochs (a multiple of 5) as that holds
+        # reduced variants from graphed epochs last, sized together: all at the same share of
+        # the epochs each would have alone (a multiple of 5, down to half), else each as it fits
         variants.sort(key=lambda u: -(u[1] + u[2]))
-        for k, unit in enumerate(variants):
-            share = (limit - call.shared) / (len(variants) - k)
-            for smaller in shrunk(unit, ccu_init, dataset, epochs):
-                if call.gpu(smaller) <= share and call.place(smaller):
-                    taken.append(unit)
-                    break
+        before = [list(lane) for lane in lanes]
+        for share in VARIANT_SHARES if len(variants) > 1 else ():
+            sized = [scaled(u, share, ccu_init, dataset, epochs) for u in variants]
+            if all(call.place(v) for v in sized):
+                taken += [u for u, v in zip(variants, sized, strict=True) if v is not u]
+                break
+            lanes[:] = [list(lane) for lane in before]  # one did not fit: none placed
+        else:
+            for unit in variants:
+                for share in VARIANT_SHARES:
+                    sized = scaled(unit, share, ccu_init, dataset, epochs)
+                    if call.place(sized):
+                        taken += [unit] if sized is not unit else []
+                        break
         placed = [u for lane in lanes for u in lane]
         dropped += [u for u in still if u not in placed]  # no time left to continue: lost
         if not placed:
@@ -965,14 +1030,21 @@ def reduced_token(method: str, limit: int, inflight=None, dataset: str = "mnist"
     return None
 
 
-def shrunk(unit, ccu_init: bool = False, dataset: str = "mnist", epochs: int = EPOCHS):
-    """``unit``, a reduced variant (``MCD@45``), then the same with 5 epochs fewer each time,
-    down to 5: the sizes :func:`plan` tries where graphed trainings share the call's GPU."""
+#: the shares of its epochs a reduced variant of a graphed training is tried at, where the
+#: variants share the call's GPU (:func:`plan`): not below half, else it waits for more room
+VARIANT_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
+
+
+def scaled(unit, share: float, ccu_init: bool = False, dataset: str = "mnist",
+           epochs: int = EPOCHS):  # fmt: skip
+    """``unit``, a reduced variant (``MCD@45``), at ``share`` of its epochs, a multiple of 5
+    (at least 5): ``unit`` itself when that is no fewer."""
     (token,) = unit[0]
     n = epochs_of(token)
-    yield unit
-    for fewer in range(n - n % 5 - (5 if n % 5 == 0 else 0), 4, -5):
-        yield units([f"{method_of(token)}@{fewer}"], ccu_init, dataset, epochs)[0]
+    fewer = max(5, int(n * share) // 5 * 5)
+    return (
+        unit if fewer >= n else units([f"{method_of(token)}@{fewer}"], ccu_init, dataset, epochs)[0]
+    )
 
 
 def variant_parts(reference: Path, label: str, dataset: str) -> dict[str, str]:

@@ -44,6 +44,18 @@ import torch
 #: the environment switch: ``0`` keeps ACET's inner attack eager on CUDA too
 ENV = "CCU_CUDA_GRAPHS"
 
+#: a benchmark's hook (``benchmarks/bench_epochs.py``): when set, every replay outside a check,
+#: of a training step's graph or of ACET's inner attack's, runs as ``replay_timer(replay,
+#: *inputs)``, which times it (the GPU's busy seconds of a graphed epoch); None: as it is
+replay_timer: Callable | None = None
+
+
+def replayed(replay: Callable, *inputs):
+    """``replay(*inputs)``, through :data:`replay_timer` when a benchmark set one."""
+    timer = replay_timer
+    return replay(*inputs) if timer is None else timer(replay, *inputs)
+
+
 #: ``(model, z, noise) -> points``: the attack from its start ``z + eps * noise``
 Attack = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 #: ``(attack, model, z, noise) -> replay``: a captured attack, ``replay(z, noise) -> points``
@@ -209,7 +221,7 @@ class GraphedPGD:
                 self.replays[key] = held
                 self.captures += 1
                 fresh = True
-            out = held[1](z, noise)
+            out = held[1](z, noise) if fresh else replayed(held[1], z, noise)
         except Exception as exc:  # noqa: BLE001 - any failure of the graph: eager from here on
             return self._turn_off(f"capture or replay failed at call {self.calls}: {exc}",
                                   model, z, noise)  # fmt: skip

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ccu.methods.cuda_graphs import rng_kept_if_capture_fails, say
+from ccu.methods.cuda_graphs import replayed, rng_kept_if_capture_fails, say
 
 #: ``(x, y, z) -> (loss, logits)``: one training step, its optimiser step and constraint included
 Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], tuple]
@@ -196,7 +196,7 @@ class GraphedStep:
         if self.steps % self.check_every == 0:
             return self._checked(replay, x, y, z)
         try:  # a replay raises before it launches, if at all: the step was not taken
-            return replay(x, y, z)
+            return replayed(replay, x, y, z)
         except Exception as exc:  # noqa: BLE001
             self._turn_off(f"replay failed at step {self.steps}: {exc}")
             return self.step(x, y, z)

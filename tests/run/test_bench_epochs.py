@@ -60,3 +60,9 @@ def test_a_graphed_epoch_is_planned_with_its_checks_against_the_eager_step(tmp_p
     assert abs(t["check_s_per_epoch"] - checks * 2 * t["eager_full_epoch_s"] / steps) < 1e-9
     assert abs(t["full_epoch_s"] - t["graphed_epoch_s"] - t["check_s_per_epoch"]) < 1e-9
     assert t["check_s_per_epoch"] > 0
+    # the timed epoch's replays (here the stand-ins' wall clock; CUDA events on the device):
+    # the share of its wall time the graphs kept the GPU busy, which the planner shares out
+    assert 0 < t["gpu_busy_s"] <= t["epoch_seconds"][1] and 0 < t["gpu_busy_fraction"] <= 1
+    monkeypatch.setenv("CCU_CUDA_GRAPHS", "0")  # eager: no replay to time
+    eager = bench_epochs.main([*argv, "--methods", "Base"])["by_method"]["Base"]
+    assert "gpu_busy_fraction" not in eager and "training_step" not in eager
