@@ -1343,6 +1343,11 @@ def print_plan(args) -> int:
             f'call {k}: command "{env} bash tools/lease_run.sh {args.dataset} {lanes}", '
             f"carry {json.dumps(carry)}, timeout_s {timeout}   (~{call.work} s of work)"
         )
+        graphed = {m: busy_share(m, args.dataset) for m in call.methods}
+        graphed = {m: b for m, b in graphed.items() if b}
+        if graphed:  # planned as sharing the GPU (_Filling): say with what shares
+            shares = ", ".join(f"{m} {b:.0%}" for m, b in graphed.items())
+            print(f"  graphed trainings take the GPU in turns, planned busy: {shares}")
         for token in call.methods:
             if epochs_of(token) is not None:
                 m = method_of(token)
