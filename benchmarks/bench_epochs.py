@@ -90,13 +90,14 @@ def attack_alone(m, prof, shape, balls_dir, centres: int | None = None, seed: in
     # one step first, untimed: the attack's batch shapes tuned (cuDNN) and its memory taken
     attack_method(m, x0, radii, metric, 1, prof.attack_restarts, seed, gradient=TABLE1_GRADIENT)
     seconds = []
-    for steps in ATTACK_STEPS:
-        _sync(m.device)
-        began = time.perf_counter()
-        attack_method(m, x0, radii, metric, steps, prof.attack_restarts, seed,
-                      gradient=TABLE1_GRADIENT)  # fmt: skip
-        _sync(m.device)
-        seconds.append(time.perf_counter() - began)
+    with GpuUtilisation() if torch.device(m.device).type == "cuda" else _Nothing() as gpu:
+        for steps in ATTACK_STEPS:
+            _sync(m.device)
+            began = time.perf_counter()
+            attack_method(m, x0, radii, metric, steps, prof.attack_restarts, seed,
+                          gradient=TABLE1_GRADIENT)  # fmt: skip
+            _sync(m.device)
+            seconds.append(time.perf_counter() - began)
     (a, b), (sa, sb) = ATTACK_STEPS, seconds
     per_step = (sb - sa) / (b - a)
     if per_step <= 0:  # noise larger than the 5 steps more: the longer run's mean step
@@ -109,7 +110,79 @@ def attack_alone(m, prof, shape, balls_dir, centres: int | None = None, seed: in
         "seconds": seconds,
         "ms_per_step": 1e3 * per_step,
         "attack_full_s": shared + per_step * prof.attack_steps,
+        # the share of the timed attacks the GPU was busy (nvidia-smi; none on the CPU): lanes
+        # attack beside graphed trainings, and a busy attack takes its turns too
+        **({"gpu_busy_fraction": gpu.fraction} if gpu.fraction is not None else {}),
     }
+
+
+class _Nothing:
+    """No sampling (the CPU): :attr:`fraction` None."""
+
+    fraction = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class GpuUtilisation:
+    """The GPU's utilisation while a block runs, read from ``nvidia-smi`` every ``every_s``
+    seconds by a thread (``utilization.gpu``: the share of the driver's last sample period in
+    which a kernel ran), as a share of the time: :attr:`fraction` (None where ``nvidia-smi``
+    is missing, fails or gave no number). An eager attack's GPU time cannot be read from CUDA
+    events (they hold the host's gaps too), so the driver's own counter is read. One query a
+    sample, each run to its end (no looping ``nvidia-smi`` to stop: its last lines could
+    stay in its buffer); at least one is taken. The command is ``CCU_NVIDIA_SMI`` where set.
+
+    >>> with GpuUtilisation(command=["sh", "-c", "echo 40; echo 60"]) as gpu:
+    ...     pass
+    >>> gpu.fraction
+    0.5
+    """
+
+    def __init__(self, command=None, every_s: float = 0.2):
+        default = os.environ.get("CCU_NVIDIA_SMI", "nvidia-smi").split()
+        self.command = command or [*default, "--query-gpu=utilization.gpu",
+                                   "--format=csv,noheader,nounits"]  # fmt: skip
+        self.every_s = every_s
+        self.fraction: float | None = None
+        self.samples: list[float] = []
+
+    def _sample(self) -> None:
+        import subprocess
+
+        while True:
+            try:
+                out = subprocess.run(self.command, capture_output=True, text=True,
+                                     timeout=10).stdout  # fmt: skip
+            except (OSError, subprocess.SubprocessError):  # no nvidia-smi: no number
+                return
+            for line in out.splitlines():
+                try:  # one GPU: one number a line
+                    self.samples.append(float(line.strip().split(",")[0]))
+                except ValueError:
+                    continue
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self):
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        if self.samples:
+            mean = sum(self.samples) / len(self.samples)
+            self.fraction = min(max(mean / 100, 0.0), 1.0)
+        return False
 
 
 def _sync(device) -> None:

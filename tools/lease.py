@@ -566,6 +566,25 @@ def lane_end(lane: list[tuple[list[str], int, int]], ready: int, trained: int = 
     return max(train, ready, trained) + attack
 
 
+def attack_share(unit, dataset: str = "mnist") -> float:
+    """The share of ``unit``'s attacks that keeps the GPU busy: each method's attack timed in
+    call 0 with the GPU's utilisation (``nvidia-smi``: its ``attack``'s ``gpu_busy_fraction``)
+    times :data:`BUSY_MARGIN`, at most 1, weighted by their planned seconds; 0 for an attack
+    not measured so (the attacks of 2026-11-28 ran four at once, 54-56 s against 39-40 s
+    alone: side by side, nearly)."""
+    group, _, _ = unit
+    costs = {m: attack_cost(m, dataset) for m in group}
+    total = sum(costs.values())
+    busy = 0.0
+    for m, c in costs.items():
+        share = (_timed_alone(method_of(m), None, dataset).get("attack") or {}).get(
+            "gpu_busy_fraction"
+        )
+        if share is not None:
+            busy += c * min(1.0, BUSY_MARGIN * float(share))
+    return busy / total if total else 0.0
+
+
 def gpu_seconds(unit, dataset: str = "mnist", epochs: int = EPOCHS, ccu_init: bool = False) -> int:
     """The seconds of ``unit``'s planned training that keep the GPU busy: of each method timed
     in graphs (:func:`graphed_alone`), its epochs (:func:`outside_epochs`, its process start,
@@ -656,8 +675,9 @@ class _Filling:
 
     The lanes share one GPU (:func:`gpu_seconds`): :meth:`ends` runs the call as a fluid. Each
     lane is a sequence of trainings and attacks, each with its seconds alone and the share of
-    them it keeps the GPU busy (an attack, and a training planned from eager epochs: none, as
-    the eager lanes of 2026-11-28 ran side by side). While the busy shares of what runs add up
+    them it keeps the GPU busy (a training planned from eager epochs, and an attack whose
+    utilisation call 0 did not measure: none, as the eager lanes of 2026-11-28 ran side by
+    side; :func:`attack_share`). While the busy shares of what runs add up
     to more than 1, every part that uses the GPU goes that many times slower; the rest goes at
     its own pace. A lane planned from eager epochs alone ends as before."""
 
@@ -675,6 +695,10 @@ class _Filling:
     def share(self, unit) -> float:
         """The share of ``unit``'s training that keeps the GPU busy."""
         return min(self.gpu(unit) / unit[1], 1.0) if unit[1] > 0 else 0.0
+
+    def attack_share(self, unit) -> float:
+        """The share of ``unit``'s attacks that keeps the GPU busy (:func:`attack_share`)."""
+        return attack_share(unit, self.dataset)
 
     @property
     def shared(self) -> int:
@@ -696,11 +720,11 @@ class _Filling:
             if lane[0][0][0] in self.spanning:
                 parts.append([[math.inf, self.share(lane[0]), False]])
             elif ccu is not None and i != ccu:
-                attacks = [[u[2], 0.0, k == 0] for k, u in enumerate(lane)]
+                attacks = [[u[2], self.attack_share(u), k == 0] for k, u in enumerate(lane)]
                 parts.append([[u[1], self.share(u), False] for u in lane] + attacks)
             else:
                 parts.append([p for u in lane for p in ([u[1], self.share(u), False],
-                                                        [u[2], 0.0, False])])  # fmt: skip
+                                                        [u[2], self.attack_share(u), False])])  # fmt: skip
         now, ready = 0.0, (None if ccu is not None else 0.0)
         done = [0.0] * len(lanes)
         while True:

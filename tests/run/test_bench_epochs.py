@@ -66,3 +66,18 @@ def test_a_graphed_epoch_is_planned_with_its_checks_against_the_eager_step(tmp_p
     monkeypatch.setenv("CCU_CUDA_GRAPHS", "0")  # eager: no replay to time
     eager = bench_epochs.main([*argv, "--methods", "Base"])["by_method"]["Base"]
     assert "gpu_busy_fraction" not in eager and "training_step" not in eager
+
+
+def test_the_gpus_utilisation_is_read_from_nvidia_smi_and_is_none_without_it(tmp_path):
+    """An eager attack's GPU time cannot be read from CUDA events (they hold the host's gaps):
+    call 0 samples nvidia-smi's utilisation while the attack is timed; no nvidia-smi (or no
+    sample) gives no number, never an error."""
+    with bench_epochs.GpuUtilisation(command=["sh", "-c", "echo 40; echo 60; echo x"]) as gpu:
+        pass
+    assert gpu.fraction == 0.5
+    with bench_epochs.GpuUtilisation(command=[str(tmp_path / "no-nvidia-smi")]) as gpu:
+        pass
+    assert gpu.fraction is None
+    with bench_epochs.GpuUtilisation(command=["sh", "-c", "echo N/A"]) as gpu:
+        pass  # a GPU that does not say
+    assert gpu.fraction is None

@@ -994,3 +994,29 @@ def test_reduced_variants_of_graphed_trainings_share_the_call_at_one_share_or_wa
     (placed,) = [m for m in call.methods if "@" in m]
     assert 2 * lease.epochs_of(placed) >= alone and len(later) == 1
     assert lease.epochs_of(later[0]) >= lease.epochs_of(placed)
+
+
+def test_an_attack_call_0_found_busy_takes_its_turns_beside_graphed_trainings():
+    """Attacks were planned as side by side (four ran at once on 2026-11-28 at 54-56 s
+    against 39-40 s alone); one that call 0 found keeping the GPU busy (nvidia-smi) takes its
+    turns beside the graphed trainings, and every lane ends later, none earlier."""
+    timed = {
+        m: {"full_epoch_s": s, "training_step": {"cuda_graphs": True},
+            "attack": {"attack_full_s": 40.0}}
+        for m, s in {"MCD": 1.5, "GAN": 1.0, "DE": 0.3}.items()
+    }  # fmt: skip
+    lease.EPOCHS_BENCH.parent.mkdir(parents=True)
+
+    def ends():
+        lease.EPOCHS_BENCH.write_text(json.dumps({"by_method": timed}))
+        call = lease._Filling(10_000, 5, 0, "mnist", 100)
+        call.lanes += [[lease.units([m])[0]] for m in timed]
+        return call.ends(call.lanes)
+
+    quiet = ends()
+    assert lease.attack_share(lease.units(["MCD"])[0]) == 0.0
+    for t in timed.values():
+        t["attack"]["gpu_busy_fraction"] = 0.8
+    busy = ends()
+    assert lease.attack_share(lease.units(["MCD"])[0]) == 1.0  # 80 %, and 25 % more
+    assert all(b >= q for b, q in zip(busy, quiet, strict=True)) and busy != quiet
