@@ -178,9 +178,10 @@ class GpuUtilisation:
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join()
-        if self.samples:
-            mean = sum(self.samples) / len(self.samples)
+        self._thread.join(timeout=15)  # an nvidia-smi stuck in the driver: its thread left
+        samples = list(self.samples)
+        if samples:
+            mean = sum(samples) / len(samples)
             self.fraction = min(max(mean / 100, 0.0), 1.0)
         return False
 
@@ -295,9 +296,12 @@ def epoch_alone(data_all, dataset: str, method: str, batches: int, device: str, 
     if len(ends) >= 3 and ends[-1] > ends[-2] and history.seconds[-1] > 0:
         # the timed epoch's replays (a training step's graphs, or ACET's inner attack's): the
         # share of its wall time they kept the GPU busy
+        # of the epoch's steps that replayed (EDL captures a graph each epoch: its first
+        # steps run eagerly), taken as the share of the whole epoch's
+        replayed = ends[-1] - ends[-2]
         busy = clock.busy(ends[-2], ends[-1])
         out["gpu_busy_s"] = busy
-        out["gpu_busy_fraction"] = min(busy / history.seconds[-1], 1.0)
+        out["gpu_busy_fraction"] = min(busy * batches / (replayed * history.seconds[-1]), 1.0)
     if attack:
         try:
             out["attack"] = attack_alone(m, prof, data.spec.shape, balls_dir, centres, seed)

@@ -759,7 +759,7 @@ class _Filling:
         (with a graphed training, the others' graphed ones end later too); False if none. Not
         a graphed one beside a graphed training spanning the call (its progress is planned
         alone)."""
-        if self.share(unit) and self._graphed_spanning():
+        if (self.share(unit) or self.attack_share(unit)) and self._graphed_spanning():
             return False
         tried = []
         for i, lane in enumerate(self.lanes):
@@ -782,12 +782,14 @@ class _Filling:
         return True
 
     def span(self, unit, continuing: bool) -> bool:
-        """``unit`` spanning this call and the next (:func:`_span`). A graphed training spans
-        only a call without other graphed ones (its progress, :func:`span_progress`, is
-        planned alone), and only if every other lane still ends in time."""
+        """``unit`` spanning this call and the next (:func:`_span`), if every other lane still
+        ends in time. A graphed training starts spanning only in a call without other graphed
+        ones (its progress, :func:`span_progress`, is planned alone); one continued from the
+        last call spans beside them too (its progress would be lost; the next call is planned
+        from how far it really got)."""
         graphed = self.share(unit) > 0
-        if graphed and any(self.share(u) for lane in self.lanes for u in lane):
-            return False
+        if graphed and not continuing and any(self.share(u) for lane in self.lanes for u in lane):
+            return False  # a continued one spans all the same: its progress is on the machine
         room = (self.lanes, self.spanning, self.jobs, self.limit, self.after)
         if not _span(unit, continuing, *room, epochs=self.epochs):
             return False
@@ -887,9 +889,13 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         call = _Filling(limit, jobs, after, dataset, epochs, ccu_init)
         lanes, spanning = call.lanes, call.spanning
         still = []
-        for unit in carried:  # first, in lanes of their own: they finish here, or span again
+        # first, in lanes of their own: they finish here, or span again (a graphed one that
+        # spans goes first: it slows the others, which must still end in time beside it)
+        for unit in carried:
+            if unit[1] + unit[2] > limit and call.share(unit) and call.span(unit, True):
+                continue
             if call.end([*lanes, [unit]]) <= limit:
-                lanes.append([unit])
+                lanes.insert(sum(lane[0][0][0] not in spanning for lane in lanes), [unit])
             else:
                 still.append(unit)
         if not balls:  # CCU first, in a lane of its own: the others attack in its balls

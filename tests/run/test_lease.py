@@ -1020,3 +1020,25 @@ def test_an_attack_call_0_found_busy_takes_its_turns_beside_graphed_trainings():
     busy = ends()
     assert lease.attack_share(lease.units(["MCD"])[0]) == 1.0  # 80 %, and 25 % more
     assert all(b >= q for b, q in zip(busy, quiet, strict=True)) and busy != quiet
+
+
+def test_trainings_in_flight_on_the_warm_machine_are_never_dropped_for_graphed_lanes(tmp_path):
+    """Two graphed trainings stopped for time in the last call: the one too long for this
+    call spans it again (placed first: it slows the others, which must still end in time
+    beside it), the other finishes beside it or spans too; neither loses the epochs the warm
+    machine holds (a review found the spanning one taken back for a lane placed before it)."""
+    ref = _mnist_six_committed(tmp_path)
+    timed = {
+        "MCD": {"full_epoch_s": 12.0, "training_step": {"cuda_graphs": True}},
+        "GAN": {"full_epoch_s": 9.0, "training_step": {"cuda_graphs": True},
+                "gpu_busy_fraction": 0.24},
+    }  # fmt: skip
+    lease.EPOCHS_BENCH.parent.mkdir(parents=True)
+    lease.EPOCHS_BENCH.write_text(json.dumps({"by_method": timed}))
+    done = ["DE", "ACET", "ACET2"]
+    calls, later, *_ = lease.plan("mnist", ref, "paper", 1500, 4,
+                                  inflight={"MCD": (50, 100), "GAN": (60, 100)},
+                                  assume_done=done)  # fmt: skip
+    assert calls[0].spanning.get("MCD") == "continues"
+    assert "GAN" in calls[0].methods and not {"MCD", "GAN"} & set(later)
+    assert [m for c in calls for m in c.methods].count("MCD") == 2  # it ends in the next call
