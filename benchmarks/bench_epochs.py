@@ -38,6 +38,7 @@ Usage (on the device, the data gathered as ``tools/lease_run.sh`` gathers it)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -90,7 +91,8 @@ def attack_alone(m, prof, shape, balls_dir, centres: int | None = None, seed: in
     # one step first, untimed: the attack's batch shapes tuned (cuDNN) and its memory taken
     attack_method(m, x0, radii, metric, 1, prof.attack_restarts, seed, gradient=TABLE1_GRADIENT)
     seconds = []
-    with GpuUtilisation() if torch.device(m.device).type == "cuda" else _Nothing() as gpu:
+    gpu = GpuUtilisation() if torch.device(m.device).type == "cuda" else None  # none: the CPU
+    with gpu or contextlib.nullcontext():
         for steps in ATTACK_STEPS:
             _sync(m.device)
             began = time.perf_counter()
@@ -112,20 +114,8 @@ def attack_alone(m, prof, shape, balls_dir, centres: int | None = None, seed: in
         "attack_full_s": shared + per_step * prof.attack_steps,
         # the share of the timed attacks the GPU was busy (nvidia-smi; none on the CPU): lanes
         # attack beside graphed trainings, and a busy attack takes its turns too
-        **({"gpu_busy_fraction": gpu.fraction} if gpu.fraction is not None else {}),
+        **({"gpu_busy_fraction": gpu.fraction} if gpu and gpu.fraction is not None else {}),
     }
-
-
-class _Nothing:
-    """No sampling (the CPU): :attr:`fraction` None."""
-
-    fraction = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class GpuUtilisation:

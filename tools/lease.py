@@ -557,15 +557,6 @@ def units(todo: list[str], ccu_init: bool = False, dataset: str = "mnist",
     return result
 
 
-def lane_end(lane: list[tuple[list[str], int, int]], ready: int, trained: int = 0) -> int:
-    """When a lane ends: it trains its methods one after another, attacks each as soon as the
-    balls are there (``ready`` seconds into the call) and its training is done (``trained``:
-    when it is done with the GPU shared, :meth:`_Filling.ends`; else its seconds alone)."""
-    train = sum(u[1] for u in lane)
-    attack = sum(u[2] for u in lane)
-    return max(train, ready, trained) + attack
-
-
 def attack_share(unit, dataset: str = "mnist") -> float:
     """The share of ``unit``'s attacks that keeps the GPU busy: each method's attack timed in
     call 0 with the GPU's utilisation (``nvidia-smi``: its ``attack``'s ``gpu_busy_fraction``)
@@ -699,12 +690,6 @@ class _Filling:
     def attack_share(self, unit) -> float:
         """The share of ``unit``'s attacks that keeps the GPU busy (:func:`attack_share`)."""
         return attack_share(unit, self.dataset)
-
-    @property
-    def shared(self) -> int:
-        """The GPU seconds of the call's trainings that end in it."""
-        return sum(self.gpu(u) for lane in self.lanes for u in lane
-                   if lane[0][0][0] not in self.spanning)  # fmt: skip
 
     def _graphed_spanning(self) -> bool:
         return any(lane[0][0][0] in self.spanning and self.share(lane[0]) for lane in self.lanes)
@@ -1017,11 +1002,6 @@ def _span(unit, continuing: bool, lanes, spanning, jobs: int, limit: int, after:
     for m in group:
         spanning[m] = "continues" if continuing else "starts"
     return True
-
-
-def _ready(lane, ready: int) -> int:
-    """When the balls are there for ``lane``: at once for CCU's own lane, else ``ready``."""
-    return 0 if lane and lane[0][0] == ["CCU"] else ready
 
 
 def call_timeout(work: int) -> int:
