@@ -41,8 +41,19 @@ GRADIENTS = ("raw", "normalised")
 #: Points are pulled this far inside the ball so that float rounding never leaves it.
 _INSIDE = 1.0 - 1e-6
 
-#: chunk of iterates per score evaluation on the CPU (memory is rarely the limit there)
+#: most iterates per score evaluation on the CPU
 CPU_ATTACK_BATCH = 2048
+#: memory a chunk's backward pass may take on the CPU: :data:`CPU_BACKWARD_FACTOR` x the bytes
+#: autograd saves for it (:func:`cpu_attack_batch`). A constant, not the machine's free memory,
+#: so that a chunk (and with it a stochastic score's draws, MCD's dropout) is the same on every
+#: machine. 2,048 iterates of MCD's seven VGG13 passes save 33 GB (16 MB each: measured on
+#: MNIST's ``paper`` profile, where a CPU run was killed for memory with 24 GiB); ResNet18's
+#: save 12-37 MB an iterate, so the ``cpu`` profile's 1,000 did not fit a laptop either.
+CPU_ATTACK_BYTES = 2 * 2**30
+#: a backward pass's peak over the bytes autograd saved for it (the gradients in flight)
+CPU_BACKWARD_FACTOR = 1.5
+#: the two chunk sizes whose saved bytes :func:`cpu_attack_batch` counts (exact: no allocator)
+CPU_PROBE_SIZES = (2, 4)
 #: share of the free device memory that the chunks may take (the rest: the PGD state, slack)
 MEMORY_FRACTION = 0.5
 #: the two chunk sizes whose peak memory :func:`probe_batch_size` measures on a GPU
@@ -222,12 +233,75 @@ def attack_batch_size(score_fn, example: torch.Tensor, total: int, **kwargs) -> 
     """The chunk of iterates for :func:`ball_attack` (``total`` of them): the memory of the
     score *and its gradient* on ``example`` inputs (a batch shaped like the seeds) measured by
     :func:`probe_batch_size`, with the PGD state of ``total`` iterates (about
-    :data:`STATE_COPIES` copies of them) reserved; on the CPU :data:`CPU_ATTACK_BATCH` (capped
-    at ``total``). Keyword arguments go to :func:`probe_batch_size`."""
+    :data:`STATE_COPIES` copies of them) reserved; on the CPU :func:`cpu_attack_batch` (the
+    bytes autograd saves an iterate, in a fixed budget). Keyword arguments go to
+    :func:`probe_batch_size` (``cpu_default`` to :func:`cpu_attack_batch`)."""
     shape = example.shape[1:]
     flat = example.reshape(example.shape[0], -1)
+
+    def score_and_grad(z):
+        return _score_and_grad(score_fn, z, shape)
+
+    if not _on_cuda(example):
+        return cpu_attack_batch(score_and_grad, flat, total, kwargs.get("cpu_default", CPU_ATTACK_BATCH))
     kwargs.setdefault("reserve_bytes", STATE_COPIES * total * flat[:1].nbytes)
-    return probe_batch_size(lambda z: _score_and_grad(score_fn, z, shape), flat, total, **kwargs)
+    return probe_batch_size(score_and_grad, flat, total, **kwargs)
+
+
+def cpu_attack_batch(
+    fn: Callable[[torch.Tensor], object],
+    example: torch.Tensor,
+    total: int,
+    most: int = CPU_ATTACK_BATCH,
+    budget_bytes: float = CPU_ATTACK_BYTES,
+) -> int:
+    """The chunk of iterates whose backward pass fits in ``budget_bytes`` on the CPU.
+
+    ``fn`` (the score and its gradient) runs on copies of ``example`` at the two sizes of
+    :data:`CPU_PROBE_SIZES`; the bytes of the tensors autograd saves for the backward pass
+    (:func:`saved_bytes`: exact, the same on every machine) give a cost per iterate and a fixed
+    one (the weights a layer saves; :func:`memory_model`), and :func:`batch_from_memory` takes
+    the chunk whose saved bytes x :data:`CPU_BACKWARD_FACTOR` fit in the budget: at most
+    ``most`` and ``total``, a multiple of 64 above 64. The probe runs under a forked RNG (a
+    stochastic score draws the same numbers afterwards as without it).
+
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 1000), torch.nn.ReLU(), torch.nn.Linear(1000, 1))
+    >>> def fn(z):
+    ...     return _score_and_grad(lambda x: net(x).squeeze(1), z, (4,))
+    >>> saved_bytes(fn, torch.rand(4, 4)) - saved_bytes(fn, torch.rand(2, 4))  # ReLU's 1000 floats
+    8032
+    >>> cpu_attack_batch(fn, torch.rand(1, 4), 10_000)  # 4 kB an iterate in 2 GiB: the cap
+    2048
+    >>> cpu_attack_batch(fn, torch.rand(1, 4), 10_000, budget_bytes=2**20)  # 1 MiB: 169 -> 128
+    128
+    """
+    cap = max(1, min(int(total), int(most)))
+    if cap == 1:
+        return 1
+    small, large = CPU_PROBE_SIZES
+    probe = example[torch.arange(large) % example.shape[0]]
+    with torch.random.fork_rng(devices=[]):
+        s_small, s_large = saved_bytes(fn, probe[:small]), saved_bytes(fn, probe)
+    per_input, fixed = memory_model(s_small, s_large, small, large)
+    factor = CPU_BACKWARD_FACTOR
+    return batch_from_memory(budget_bytes, factor * per_input, factor * fixed, cap, fraction=1.0)
+
+
+def saved_bytes(fn: Callable[[torch.Tensor], object], z: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves for a backward pass while ``fn(z)`` runs
+    (a pass's memory on the CPU, where no allocator counts its peak; PyTorch's
+    ``saved_tensors_hooks`` see each tensor as it is saved, and all are alive until the
+    backward pass, so no two share an address)."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(z)
+    return sum(storages.values())
 
 
 def ball_attack(

@@ -116,14 +116,33 @@ def test_batch_size_arithmetic():
         attacks.memory_model(1, 2, 32, 16)
 
 
-def test_cpu_batch_size_needs_no_probe():
-    def score(x):  # pragma: no cover - must not run
-        raise AssertionError("the CPU branch must not evaluate the score")
+def test_cpu_chunk_is_sized_by_the_bytes_autograd_saves_and_draws_nothing():
+    """On the CPU the chunk comes from the bytes autograd saves an iterate (a fixed budget, the
+    same on every machine): a score that saves 64 kB an iterate gets 2 GiB / 1.5 / 64 kB = 21,845
+    -> the cap, one that saves 4 MB gets 357 -> 320; a stochastic score draws the same numbers
+    after the probe as without it. (Before: 2,048 whatever the network: MCD's seven VGG13 passes
+    save 16 MB an iterate, 33 GB a chunk, and a CPU run was killed for memory.)"""
+    wide = torch.nn.Linear(16, 1)
+
+    def saving(width):
+        def score(x):  # ReLU saves its output: width floats an iterate
+            h = torch.relu(x.flatten(1)[:, :1].expand(-1, width) * 1.0)
+            return wide(h[:, :16]).squeeze(1) + h.mean(1)
+
+        return score
 
     example = torch.rand(3, 1, 4, 4)
-    assert attacks.attack_batch_size(score, example, 10_000) == attacks.CPU_ATTACK_BATCH
-    assert attacks.attack_batch_size(score, example, 300) == 300
-    assert attacks.probe_batch_size(score, example, 10, cpu_default=4) == 4
+    assert attacks.attack_batch_size(saving(16_000), example, 10_000) == attacks.CPU_ATTACK_BATCH
+    assert attacks.attack_batch_size(saving(1_000_000), example, 10_000) == 320
+    assert attacks.attack_batch_size(saving(1_000_000), example, 300) == 300  # capped at total
+    assert attacks.attack_batch_size(saving(16), example, 10, cpu_default=4) == 4
+    assert attacks.probe_batch_size(saving(16), example, 10, cpu_default=4) == 4
+    noisy = ccu.confidence_score(lambda z: torch.log_softmax(torch.dropout(z.flatten(1)[:, :5], 0.5, True), 1))
+    torch.manual_seed(0)
+    attacks.attack_batch_size(noisy, example, 10_000)
+    after = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.rand(3))
 
 
 def test_gpu_probe_path_with_a_simulated_device(monkeypatch):
