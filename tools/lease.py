@@ -95,6 +95,30 @@ def epochs_of(token: str) -> int | None:
 #: call of CCU at 10 epochs was stopped 160 s in before its 10 epochs were done (~3.5 s each),
 #: so the build took at least 125 s. A call that carries the fit (``prepare``) skips it.
 CCU_BUILD_S = 125
+#: CCU's build planned where no lease measured it: the most MNIST's two runs allow. The call
+#: of 2026-11-28 that fitted it on the device trained CCU in 513 s (cut at the hard limit),
+#: the one that carried the fit in 327 s beside other lanes: ~185 s for the build, an upper
+#: bound (another lane, GAN's, may have slowed its epochs), CCU_BUILD_S the lower one
+CCU_BUILD_UPPER_S = 185
+#: CCU's build (its initial fit: the metric and both mixtures, sklearn's EM) on a dataset of
+#: each input dimension, relative to MNIST's: timed here at the paper profile on the full
+#: training sets (2 CPU threads, 2026-11-28, ``prepare``'s fit): MNIST (784 dimensions,
+#: 60,000 + 50,000 out points) 209 s, CIFAR-10 (3072, 50,000 + 40,000) 375 s; another
+#: dimension scales linearly from the nearest below (an over-estimate: EM grows slower)
+CCU_BUILD_BY_DIM = {784: 1.0, 3072: 1.79}
+
+
+def ccu_build_s(dataset: str) -> int:
+    """Seconds of CCU's build on ``dataset`` (its fit, when not carried): on the datasets of
+    :data:`COST_S` its measured :data:`CCU_BUILD_S`; elsewhere :data:`CCU_BUILD_UPPER_S`
+    scaled by :data:`CCU_BUILD_BY_DIM`."""
+    if dataset in COST_DATASETS:
+        return CCU_BUILD_S
+    d = input_dim(dataset)
+    known = max((k for k in CCU_BUILD_BY_DIM if k <= d), default=min(CCU_BUILD_BY_DIM))
+    return int(round(CCU_BUILD_UPPER_S * CCU_BUILD_BY_DIM[known] * max(d / known, 1.0)))
+
+
 #: the measured costs are one run's: plan with this much room on every training
 SAFETY = 1.1
 
@@ -188,7 +212,7 @@ def estimated_seconds(method: str, dataset: str) -> tuple[int, int] | None:
         return None
     train, attack = COST_S[method]
     if method == "CCU":  # its build is on the inputs, not the network: planned apart
-        train = CCU_BUILD_S + (train - CCU_BUILD_S) * epoch
+        train = ccu_build_s(dataset) + (train - CCU_BUILD_S) * epoch
     elif method == "DE":
         base = COST_S["Base"][0]
         train = OUTSIDE_EPOCHS_S["DE"] + (base - ACET_FIXED_S) * epoch * members_in_turn(dataset)
@@ -251,7 +275,7 @@ def alone_train_seconds(
     timed = _timed_alone(method, bench, dataset)
     if "full_epoch_s" not in timed:
         return None
-    fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S) + (CCU_BUILD_S if method == "CCU" else 0)
+    fixed = outside_epochs(method, dataset=dataset)
     members = members_in_turn(dataset, graphed_alone("DE", dataset, bench)) if method == "DE" else 1
     return int(round(fixed + EPOCHS * members * float(timed["full_epoch_s"])))
 
@@ -297,11 +321,12 @@ def graphed_train_seconds(method: str, bench: Path | None = None) -> int | None:
     return int(round(ACET_FIXED_S + EPOCHS * (rest + float(timed["graphed_epoch_s"]))))
 
 
-def outside_epochs(method: str, ccu_init: bool = False) -> int:
-    """The seconds of ``method``'s run that do not scale with its epochs: the process, the
-    data and the scoring (:data:`OUTSIDE_EPOCHS_S`), CCU's build unless its fit is carried."""
+def outside_epochs(method: str, ccu_init: bool = False, dataset: str = "mnist") -> int:
+    """The seconds of ``method``'s run on ``dataset`` that do not scale with its epochs: the
+    process, the data and the scoring (:data:`OUTSIDE_EPOCHS_S`), CCU's build
+    (:func:`ccu_build_s`) unless its fit is carried."""
     fixed = OUTSIDE_EPOCHS_S.get(method, ACET_FIXED_S)
-    return fixed + (CCU_BUILD_S if method == "CCU" and not ccu_init else 0)
+    return fixed + (ccu_build_s(dataset) if method == "CCU" and not ccu_init else 0)
 
 
 def train_cost(method: str, ccu_init: bool = False, dataset: str = "mnist",
@@ -317,7 +342,7 @@ def train_cost(method: str, ccu_init: bool = False, dataset: str = "mnist",
     m = method_of(method)
     if n != EPOCHS:
         full = train_cost(m, ccu_init, dataset)
-        fixed = outside_epochs(m, ccu_init)
+        fixed = outside_epochs(m, ccu_init, dataset)
         return int(round(fixed + max(full - fixed, 0) * min(n, EPOCHS) / EPOCHS))
     if dataset in COST_DATASETS:
         known = graphed_train_seconds(m) or (COST_S.get(m) or (None,))[0]
@@ -325,7 +350,7 @@ def train_cost(method: str, ccu_init: bool = False, dataset: str = "mnist",
         known = (estimated_seconds(m, dataset) or (None,))[0]
     train = alone_train_seconds(m, dataset=dataset) or known or 600
     if m == "CCU" and ccu_init:
-        train -= CCU_BUILD_S
+        train -= ccu_build_s(dataset)
     return int(round(train * SAFETY))
 
 
@@ -589,7 +614,7 @@ def gpu_seconds(unit, dataset: str = "mnist", epochs: int = EPOCHS, ccu_init: bo
         methods.insert(0, "Base")  # trained again for them
     costs = {m: train_cost(m, ccu_init, dataset, epochs) for m in methods}
     shares = {m: busy_share(m, dataset) for m in methods}
-    busy = sum(max(c - round(SAFETY * outside_epochs(method_of(m), ccu_init)), 0) * shares[m]
+    busy = sum(max(c - round(SAFETY * outside_epochs(method_of(m), ccu_init, dataset)), 0) * shares[m]
                for m, c in costs.items() if shares[m])  # fmt: skip
     total = sum(costs.values())
     return int(round(train * busy / total)) if busy and total else 0
@@ -787,7 +812,8 @@ class _Filling:
 
 
 def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, ccu_init=False,
-         inflight=None, assume_done=(), reduce=False, epochs=EPOCHS, data_s=0):  # fmt: skip
+         inflight=None, assume_done=(), reduce=False, epochs=EPOCHS, data_s=0, warm=False,
+         balls_on_machine=False):  # fmt: skip
     """The calls of a lease: ``[Call]``, the methods left for a later lease, those that cannot
     finish in a lease even alone (``{method: seconds}``), and a problem that stops the grid
     (None if none): CCU's part committed without the balls' metric (over 16 MiB), so no other
@@ -809,8 +835,12 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     the epochs of ``label``'s profile (a grid planned at fewer, ``plan --epochs``), by which
     every method's training is scaled; costs are ``dataset``'s (:func:`train_cost`).
     ``data_s``: the seconds a fresh machine spends on data calls before the others (data in
-    several parts): a whole lease is that much shorter."""
+    several parts): a whole lease is that much shorter. ``warm``: the machine is started (its
+    start, :data:`START_S`, is not planned again). ``balls_on_machine``: CCU's part is
+    committed without ``balls.npz`` (:func:`balls_travel`), and its balls are on the warm
+    machine that certified them (:func:`balls_left_on_machine`): the others attack there."""
     folder = reference_dir(reference, label, dataset)
+    start = 0 if warm else START_S
     done = set(committed_parts(folder)) | {method_of(m) for m in assume_done}
     # a lease as long as this one, or a whole one (less its data calls on a fresh machine)
     whole = max(budget_s, LEASE_S - data_s)
@@ -821,9 +851,8 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
              and not fits_a_lease(units([m], ccu_init, dataset, epochs)[0], whole,
                                   epochs=epochs)}  # fmt: skip
     todo = [m for m in ALL if m not in done]
-    balls = (
-        "CCU" in assume_done or (folder / "balls.json").exists() and (folder / "balls.npz").exists()
-    )
+    committed_balls = (folder / "balls.json").exists() and (folder / "balls.npz").exists()
+    balls = "CCU" in assume_done or committed_balls or balls_on_machine
     problem = None
     if "CCU" in done and not balls and todo:
         problem = (
@@ -852,7 +881,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
                 if not fits_a_lease((g, t, a), whole, epochs=epochs) for m in g}  # fmt: skip
     pending = [u for u in pending if u[0][0] not in too_long]
     if reduce:
-        first = call_limit(budget_s - START_S - reserve_s)
+        first = call_limit(budget_s - start - reserve_s)
         for m in list(too_long):
             token = reduced_token(m, first, inflight, dataset, epochs)
             if token is None:
@@ -865,7 +894,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
                 pending.append(unit)
     calls: list[Call] = []
     dropped = []  # continued trainings no call of this lease can finish: they start over
-    left = budget_s - START_S - reserve_s
+    left = budget_s - start - reserve_s
     while pending or carried:
         limit = call_limit(left)
         if limit <= 0:
@@ -899,7 +928,7 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         # spanning it and the next in a lane of its own
         variants = [u for u in rest if epochs_of(u[0][0]) is not None and call.gpu(u)]
         taken = []  # variants placed with fewer epochs (as their smaller selves)
-        for unit in sorted(rest, key=lambda u: -(u[1] + u[2])):
+        for unit in sorted(rest, key=first_then_biggest):
             if unit not in variants and not call.place(unit) and not ready:
                 call.span(unit, False)  # not in CCU's call: its balls come too late for a plan
         # reduced variants from graphed epochs last, sized together: all at the same share of
@@ -954,7 +983,8 @@ def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, mos
     """How many whole leases (:data:`LEASE_S` each) the planner needs for the methods of the
     grid not yet committed, at today's costs, if each lease runs as planned: ``(leases, the
     methods they run, lease by lease; the methods too long for any lease)``. ``reduce``:
-    those too long run as the reduced variants that fit (:func:`plan`)."""
+    those too long run as the reduced variants that fit (:func:`plan`). Where CCU's balls do
+    not come back (:func:`balls_travel`), what CCU's lease leaves is never run either."""
     assumed: set[str] = set()
     runs, too_long = [], {}
     for _ in range(most):
@@ -977,6 +1007,8 @@ def leases_needed(dataset, reference, label="paper", jobs=4, ccu_init=False, mos
         assumed |= set(ran)
         if not later:
             break
+        if "CCU" in ran and not balls_travel(dataset):  # its balls stay on that machine
+            return len(runs), runs, sorted({*too_long, *map(method_of, later)})
     return len(runs), runs, sorted(too_long)
 
 
@@ -1089,6 +1121,42 @@ def reduced_epochs(method: str, epochs: int = 100, dataset: str = "mnist",
     return 0
 
 
+#: the methods the paper's runs on FMNIST and CIFAR-10 want first (issue 39: CCU, Base, OE):
+#: a grid reduced whole is sized so that they run in its first lease
+FIRST = ("CCU", "Base", "OE")
+
+
+def grid_epochs(dataset: str, reference: Path, profile: str = "paper", epochs: int = EPOCHS,
+                ccu_init: bool = False, jobs: int = 4, data_s: int = 0) -> int:  # fmt: skip
+    """The most epochs (a multiple of 5, fewer than ``epochs``; 0 if not even 5) of a grid
+    reduced whole (``plan --epochs N``) whose first whole lease runs :data:`FIRST`: CCU
+    fitting alone is not enough, since the others are attacked in its balls (in its lease
+    only, where they do not come back: :func:`balls_travel`). Planned as :func:`plan` would."""
+    from ccu.run.config import get_profile
+
+    def first_lease(n: int) -> set[str]:
+        label = get_profile(profile, dataset, epochs=n).label
+        calls = plan(dataset, reference, label, LEASE_S - data_s, jobs, ccu_init=ccu_init,
+                     epochs=n, data_s=data_s)[0]  # fmt: skip
+        return {method_of(m) for c in calls for m in c.methods}
+
+    lo, hi = 0, (epochs - 1) // 5  # in fives: 5 * lo fits (or is 0), 5 * hi + 5 does not
+    while lo < hi:  # fewer epochs never take longer: the first n that fits, halving
+        mid = (lo + hi + 1) // 2
+        if set(FIRST) <= first_lease(5 * mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return 5 * lo
+
+
+def first_then_biggest(unit) -> tuple[bool, int]:
+    """The order units are placed in a call: those holding a method of :data:`FIRST` first
+    (issue 39's order on FMNIST and CIFAR-10; on MNIST they ran first), then the biggest."""
+    group, train, attack = unit
+    return not {method_of(m) for m in group} & set(FIRST), -(train + attack)
+
+
 def split_base(group: list[str], whole: int, ccu_init: bool, dataset: str, epochs: int):
     """Base's lane (``[Base, ODIN, Maha]``) cut into units that each fit a lease of ``whole``
     seconds: Base with as many of the others as fit, then the rest together (training Base
@@ -1186,16 +1254,17 @@ def data_parts(dataset: str) -> list[str]:
 CARRY_MIB = 56
 
 
-def fit_too_big(inits: list[Path], dataset: str, parts: list[str]) -> str | None:
-    """Why CCU's prepared fit (``inits``) cannot travel with CCU's call, or None: with the
-    data's one part (several parts come in data calls of their own) and the project it would
-    be over :data:`CARRY_MIB` (CIFAR-10's metric alone, 3072 x 3072 in float64, is 75 MB)."""
+def fit_too_big(inits: list[Path] | int, dataset: str, parts: list[str]) -> str | None:
+    """Why CCU's prepared fit (``inits``, or its predicted bytes: :func:`fit_bytes`) cannot
+    travel with CCU's call, or None: with the data's one part (several parts come in data
+    calls of their own) and the project it would be over :data:`CARRY_MIB` (CIFAR-10's
+    metric alone, 3072 x 3072 in float64, is 75 MB)."""
     if not inits:
         return None
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import pack_data  # the project's size as the pack measures it
 
-    fit = sum(f.stat().st_size for f in inits)
+    fit = inits if isinstance(inits, int) else sum(f.stat().st_size for f in inits)
     part = DEVDATA / dataset / "part-1"
     data = sum(f.stat().st_size for f in part.rglob("*") if f.is_file()) if len(parts) == 1 else 0
     project = sum(pack_data.project_bytes(REPO).values())
@@ -1204,6 +1273,43 @@ def fit_too_big(inits: list[Path], dataset: str, parts: list[str]) -> str | None
         return None
     return (f"{fit / mib:.1f} MiB with {data / mib:.1f} MiB of data and the project's "
             f"{project / mib:.1f} MiB is over the {CARRY_MIB} MiB a call carries")  # fmt: skip
+
+
+def input_dim(dataset: str) -> int:
+    """The dimension d of ``dataset``'s inputs (MNIST's 784, CIFAR-10's 3072)."""
+    from ccu.data.registry import get_spec
+
+    return math.prod(get_spec(dataset).shape)
+
+
+#: the d x d float64 matrices of CCU's metric (ccu.core.metric.Mahalanobis: eigenvectors,
+#: whitening, unwhitening) that its prepared fit holds: MNIST's and FMNIST's 14.7 MB
+FIT_MATRICES = 3
+
+
+def fit_bytes(dataset: str) -> int:
+    """About the bytes of CCU's prepared fit (``prepare``) on ``dataset``, before it is made:
+    its metric's :data:`FIT_MATRICES` matrices (the mixtures are small beside them)."""
+    return FIT_MATRICES * 8 * input_dim(dataset) ** 2
+
+
+def balls_bytes(dataset: str, centres: int = 200) -> int:
+    """About the bytes of CCU's ``balls.npz`` on ``dataset``: the metric's eigendecomposition
+    in float64 (d x d and d) with the paper's 200 centres and radii (MNIST's 6 MB, 5.3 MiB
+    committed; CIFAR-10's 80 MB)."""
+    d = input_dim(dataset)
+    return 8 * (d * d + d) + 8 * centres * (d + 1)
+
+
+def balls_travel(dataset: str) -> bool:
+    """Whether CCU's balls come back with its part (``balls.npz`` up to
+    :data:`ccu.run.reference.MAX_BALLS_BYTES`, the most a call brings back in one file), so
+    that a later lease attacks in them. If not (CIFAR-10, SVHN), every method is attacked in
+    CCU's lease, on the machine that certified them (``lease_run.sh``: "the balls an earlier
+    call certified on this machine"), or never in those balls."""
+    from ccu.run.reference import MAX_BALLS_BYTES
+
+    return balls_bytes(dataset) <= MAX_BALLS_BYTES
 
 
 #: call 0's (timeout_s, expected seconds): on MNIST five methods on LeNet and VGG13 (~150 s);
@@ -1252,7 +1358,7 @@ def print_plan(args) -> int:
     too_big = fit_too_big(inits, args.dataset, parts)
     if too_big:
         print(f"(CCU's fit in {_shown(init_dir(args.dataset))} is not carried: {too_big}; CCU "
-              f"fits it on the device, ~{CCU_BUILD_S} s of its call, as planned below)")  # fmt: skip
+              f"fits it on the device, ~{ccu_build_s(args.dataset)} s of its call, as planned below)")  # fmt: skip
         inits = []
     record = read_inflight(label, args.dataset, resume_dir(args.reference))
     inflight = {m: (d["epochs_done"], d["epochs"]) for m, d in record.items()}
@@ -1272,11 +1378,17 @@ def print_plan(args) -> int:
     # what every lease on a fresh machine spends on them: a whole lease is that much shorter
     data_s = (DATA_CALL_S + CALL_OVERHEAD_S) * len(parts) if len(parts) > 1 else 0
 
+    # CCU's balls committed without their arrays by the last call: on the warm machine only
+    on_machine = args.warm and balls_left_on_machine(args.reference, label, args.dataset)
+    if on_machine:
+        print("CCU's balls (not committed: too big to come back) are assumed on the warm "
+              "machine that certified them; if it went cold, the calls stop at once (exit 3)")  # fmt: skip
+
     def planned(reduce):
         return plan(
             args.dataset, args.reference, label, budget, args.jobs, ccu_init=bool(inits),
             inflight=inflight if args.warm else None, reduce=reduce, epochs=epochs,
-            data_s=data_s,
+            data_s=data_s, warm=args.warm, balls_on_machine=on_machine,
         )  # fmt: skip
 
     calls, later, too_long, problem = planned(reduce=False)
@@ -1300,21 +1412,30 @@ def print_plan(args) -> int:
     for m, vl in variant_parts(args.reference, label, args.dataset).items():
         print(f"  {m}: committed as the reduced variant {vl} (attacked in these balls)")
     carry = parts[:1] if len(parts) == 1 else []  # several: carried by the data calls
-    if args.dataset != "digits" and not parts:
-        print(
-            f"first, here: python tools/pack_data.py --dataset {args.dataset}   (the data to carry)"
-        )
-        carry = [f".devdata/{args.dataset}/part-1"]
+    # not packed yet: how many parts it takes (one a call, over 64 MiB) decides the calls, so
+    # none is printed before it (a call that carried a part too few would stop at its gather)
+    unpacked = args.dataset != "digits" and not parts
+    if unpacked:
+        print(f"first, here: python tools/pack_data.py --dataset {args.dataset}   (the data to "
+              "carry); then plan again: the calls depend on how many parts it packs into")  # fmt: skip
     with_ccu = any("CCU" in c[0] for c in calls)
+    ccu_todo = "CCU" in too_long or "CCU" in [m for c in calls for m in c[0]]
+    big_fit = None if inits or too_big else fit_too_big(fit_bytes(args.dataset), args.dataset,
+                                                        parts)  # fmt: skip
     if inits and with_ccu:  # checked on the device before CCU trains (lease_run.sh)
         carry.append(_shown(init_dir(args.dataset)))
-    elif (not inits and not too_big and "CCU" in too_long
-          or "CCU" in [m for c in calls for m in c[0]] and not too_big):  # fmt: skip
+    elif ccu_todo and big_fit:
+        print(f"(CCU's fit on {args.dataset} would not be carried: about {big_fit}; CCU fits "
+              f"it on the device, ~{ccu_build_s(args.dataset)} s of its call, as planned below)")  # fmt: skip
+    elif ccu_todo and not too_big:
         given = f" --overrides '{json.dumps(fields)}'" if fields else ""
         print(
             f"first, here: python tools/lease.py prepare --dataset {args.dataset}{given}   (CCU's "
-            f"initial fit, carried: ~{CCU_BUILD_S} s less of CCU's call; then plan again)"
+            f"initial fit, carried: ~{ccu_build_s(args.dataset)} s less of CCU's call; then plan "
+            "again)"
         )
+    if unpacked:
+        calls, data_calls = [], []  # none before the data is packed (above), call 0 neither
     commit = head_commit()
     left = budget
     gather = (f"python3 tools/pack_data.py --gather .devdata/{args.dataset} "
@@ -1328,7 +1449,7 @@ def print_plan(args) -> int:
     if len(parts) > 1 and args.warm:
         print(f"(the data of {args.dataset}, {len(parts)} parts, is assumed gathered on the warm "
               "machine; if it went cold, plan again without --warm)")  # fmt: skip
-    if zero:
+    if zero and not unpacked:
         command, what, files = zero
         timeout, work = ZERO_S.get(args.dataset, ZERO_S[None])
         print(f"call 0 (first: {what}): command \"{command}\", carry {json.dumps(carry)}, "
@@ -1337,8 +1458,8 @@ def print_plan(args) -> int:
         print(
             "  then here at once (the machine is wiped after 30 s idle; the data gathered there "
             "stays for the next call): python tools/lease.py absorb <files_at> (commits "
-            f"{', '.join(_shown(b) for b in files)}); and plan again "
-            "with the budget_left_s it reports: the methods measured are then planned from them"
+            f"{', '.join(_shown(b) for b in files)}); and plan again with --warm and the "
+            "budget_left_s it reports: the methods measured are then planned from them"
         )
     for k, call in enumerate(calls, 1):
         timeout = call_timeout(call.work)
@@ -1386,11 +1507,24 @@ def print_plan(args) -> int:
                 )  # fmt: skip
             )
         left -= timeout + CALL_OVERHEAD_S
-    if not calls:
+    if not calls and not unpacked:
         print("no call fits the device time left" if later or too_long else "nothing left to run")
+    stranded = [m for m in later if not balls_travel(args.dataset)
+                and (with_ccu or on_machine) and method_of(m) != "CCU"]  # fmt: skip
+    if stranded:  # CCU's balls stay on this lease's machine: attacked there or never
+        print(f"not in CCU's lease: {', '.join(stranded)}: CCU's balls on {args.dataset} "
+              f"(~{balls_bytes(args.dataset) / 2**20:.0f} MiB, over the 16 MiB a call brings "
+              "back in a file) stay on the machine that certifies them, so a later lease cannot "
+              "attack in them; to have them, reduce the grid (plan --epochs) until they fit "
+              "CCU's lease")  # fmt: skip
+        later = [m for m in later if m not in stranded]
     ccu_first = "CCU" in too_long and "CCU" not in done  # the others wait for its balls
     for m, s in too_long.items():
         n = reduced_epochs(m, epochs, args.dataset, bool(inits), data_s) // 5 * 5
+        if m == "CCU":  # the whole grid at n: CCU with the methods wanted first in its lease
+            # (with CCU's fit carried where it can be: the plan at n asks for `prepare`)
+            n = grid_epochs(args.dataset, args.reference, args.profile, epochs,
+                            bool(inits) or not (too_big or big_fit), args.jobs, data_s)  # fmt: skip
         if ccu_first and m != "CCU":
             continue  # said once, after CCU's line
         if m == "CCU":  # no variant: every method is attacked in the balls CCU certifies
@@ -1401,8 +1535,9 @@ def print_plan(args) -> int:
                 + ("call 0 times it alone first (its cost is estimated), then plan again; if "
                    "it still does not fit, " if zero and "CCU" in zero[1] else "")
                 + (f"the grid runs reduced whole: plan --dataset {args.dataset} --epochs {n} "
-                   f"(label {whole}, never shown as {label})" if n >= 5 else
-                   "no grid of at least 5 epochs fits a lease")
+                   f"(label {whole}, never shown as {label}; at {n} epochs "
+                   f"{', '.join(FIRST)} run in its first lease)" if n >= 5 else
+                   f"no grid of at least 5 epochs runs {', '.join(FIRST)} in a lease")
             )  # fmt: skip
         elif needs_base(m):
             what = "it runs on Base, in Base's lane, and that lane is too long as a whole"
@@ -1775,6 +1910,35 @@ def resume_dir(reference: Path) -> Path:
     return Path(reference).resolve().parent / ".devresume"
 
 
+def keep_machine_balls(result: dict, folder: Path) -> list[Path]:
+    """For each reference folder an absorb wrote CCU's balls into without their ``balls.npz``
+    (over what a call brings back: :func:`balls_travel`), their key kept as
+    ``<folder>/<label>/<dataset>.balls``: the machine that certified them holds them while it
+    is warm, and ``plan --warm`` plans the others there (:func:`balls_left_on_machine`).
+    Returns the folders."""
+    kept = []
+    for ref, written in result.items():
+        ref = Path(ref)
+        if "balls.json" in written and not (ref / "balls.npz").exists():
+            path = Path(folder) / ref.parent.name / f"{ref.name}.balls"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.loads((ref / "balls.json").read_text())[BALLS_KEY] + "\n")
+            kept.append(ref)
+    return kept
+
+
+def balls_left_on_machine(reference: Path, label: str, dataset: str) -> bool:
+    """Whether the last absorb committed CCU's balls of ``label``/``dataset`` without their
+    arrays (:func:`keep_machine_balls`) and they are still those committed: on the machine
+    that certified them, while it is warm (``plan --warm`` says it is)."""
+    path = resume_dir(reference) / label / f"{dataset}.balls"
+    balls = reference_dir(reference, label, dataset) / "balls.json"
+    try:
+        return path.read_text().strip() == json.loads(balls.read_text())[BALLS_KEY]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def read_inflight(label: str, dataset: str, folder: Path) -> dict:
     """``{method: {"epochs_done", "epochs", "seconds"}}`` that the last absorbed call of
     ``label``/``dataset`` stopped for time (:func:`keep_inflight`); empty when none."""
@@ -1907,6 +2071,10 @@ def absorb_command(args) -> int:
             code = exc.code
     for path in kept:
         print(f"kept the call's log: {path}")
+    for folder in keep_machine_balls(result, resume_dir(args.reference)):
+        print(f"{folder}: CCU's balls are committed without their arrays (balls.npz, over what "
+              "a call brings back): the other methods are attacked in them on the machine that "
+              "certified them, in a call made at once (plan --warm), or never")  # fmt: skip
     paths = []
     for folder, written in result.items():
         done = committed_parts(folder)

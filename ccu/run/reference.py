@@ -134,7 +134,13 @@ def _refuse_other_run(out: Path, name: str, config: dict, balls_key: str | None 
             )
 
 
-def write_part(dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=16 << 20) -> Path:
+#: the largest ``balls.npz`` a part carries: a lent GPU's call brings back files of at most 16 MiB
+MAX_BALLS_BYTES = 16 << 20
+
+
+def write_part(
+    dataset, prof, seed, method, out_dir, root=None, max_balls_bytes=MAX_BALLS_BYTES
+) -> Path:
     """One finished method as a part of ``<out_dir>/<profile label>/<dataset>/`` (the module
     docstring), then :func:`assemble_reference` over every part there. The method must be
     trained (``config.json``) and attacked in the saved balls (``ccu attack``); the ball
