@@ -243,7 +243,9 @@ def attack_batch_size(score_fn, example: torch.Tensor, total: int, **kwargs) -> 
         return _score_and_grad(score_fn, z, shape)
 
     if not _on_cuda(example):
-        return cpu_attack_batch(score_and_grad, flat, total, kwargs.get("cpu_default", CPU_ATTACK_BATCH))
+        return cpu_attack_batch(
+            score_and_grad, flat, total, kwargs.get("cpu_default", CPU_ATTACK_BATCH)
+        )
     kwargs.setdefault("reserve_bytes", STATE_COPIES * total * flat[:1].nbytes)
     return probe_batch_size(score_and_grad, flat, total, **kwargs)
 

@@ -137,7 +137,9 @@ def test_cpu_chunk_is_sized_by_the_bytes_autograd_saves_and_draws_nothing():
     assert attacks.attack_batch_size(saving(1_000_000), example, 300) == 300  # capped at total
     assert attacks.attack_batch_size(saving(16), example, 10, cpu_default=4) == 4
     assert attacks.probe_batch_size(saving(16), example, 10, cpu_default=4) == 4
-    noisy = ccu.confidence_score(lambda z: torch.log_softmax(torch.dropout(z.flatten(1)[:, :5], 0.5, True), 1))
+    noisy = ccu.confidence_score(
+        lambda z: torch.log_softmax(torch.dropout(z.flatten(1)[:, :5], 0.5, True), 1)
+    )
     torch.manual_seed(0)
     attacks.attack_batch_size(noisy, example, 10_000)
     after = torch.rand(3)
