@@ -37,6 +37,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -859,7 +860,9 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
             f"{folder} holds CCU's part but not its balls' metric (balls.npz, too big for git): "
             f"{', '.join(todo)} cannot be attacked in its balls in another lease; run them in a "
             "call with CCU (move CCU's part away first)"
-        )
+            + ("; the machine that certified them is still warm: plan --warm attacks there"
+               if balls_left_on_machine(reference, label, dataset) else "")
+        )  # fmt: skip
         return [], todo, {}, problem
     pending = units(todo, ccu_init, dataset, epochs)
     # Base with ODIN and Maha after it: when no lease holds that lane, it is cut where it
@@ -1140,14 +1143,13 @@ def grid_epochs(dataset: str, reference: Path, profile: str = "paper", epochs: i
                      epochs=n, data_s=data_s)[0]  # fmt: skip
         return {method_of(m) for c in calls for m in c.methods}
 
-    lo, hi = 0, (epochs - 1) // 5  # in fives: 5 * lo fits (or is 0), 5 * hi + 5 does not
-    while lo < hi:  # fewer epochs never take longer: the first n that fits, halving
-        mid = (lo + hi + 1) // 2
-        if set(FIRST) <= first_lease(5 * mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return 5 * lo
+    # from the most epochs CCU alone fits down, in fives: the first whose lease runs them all
+    # (not a halving: fewer epochs can plan worse, e.g. Base's lane kept whole below 25)
+    top = reduced_epochs("CCU", epochs, dataset, ccu_init, data_s) // 5 * 5
+    for n in range(top, 4, -5):
+        if set(FIRST) <= first_lease(n):
+            return n
+    return 0
 
 
 def first_then_biggest(unit) -> tuple[bool, int]:
@@ -1393,9 +1395,10 @@ def print_plan(args) -> int:
 
     calls, later, too_long, problem = planned(reduce=False)
     # call 0 measures first what a reduced variant would be sized by: variants only after it
-    zero = call_zero(
+    # (not on the machine that holds CCU's balls: its time goes to the methods attacked there)
+    zero = None if on_machine else call_zero(
         args.dataset, too_long, [method_of(m) for c in calls for m in c.methods] + later
-    )
+    )  # fmt: skip
     # reduced variants of the paper's protocol only (EPOCHS is its epochs): not in a grid
     # reduced whole (--epochs), whose label a variant's could be
     paper = args.profile == "paper" and not args.epochs
@@ -1502,6 +1505,11 @@ def print_plan(args) -> int:
                 f"  then here: python tools/lease.py absorb <files_at> --dataset {args.dataset}"
                 + (
                     "; and plan again with the budget_left_s the call reports"
+                    + (
+                        " and --warm, at once (CCU's balls stay on that machine)"
+                        if "CCU" in call.methods and not balls_travel(args.dataset)
+                        else ""
+                    )
                     if nxt is not None
                     else ""
                 )  # fmt: skip
@@ -1910,32 +1918,58 @@ def resume_dir(reference: Path) -> Path:
     return Path(reference).resolve().parent / ".devresume"
 
 
-def keep_machine_balls(result: dict, folder: Path) -> list[Path]:
-    """For each reference folder an absorb wrote CCU's balls into without their ``balls.npz``
-    (over what a call brings back: :func:`balls_travel`), their key kept as
-    ``<folder>/<label>/<dataset>.balls``: the machine that certified them holds them while it
-    is warm, and ``plan --warm`` plans the others there (:func:`balls_left_on_machine`).
-    Returns the folders."""
+#: seconds after an absorb within which ``plan --warm`` takes CCU's balls left on the device
+#: machine to be still there: it is wiped 30 s after a call ends (the absorb and the plan here
+#: take a few seconds of that; the next call must start within it anyway)
+MACHINE_BALLS_S = 120
+
+
+def keep_machine_balls(result: dict, folder: Path, now: float | None = None) -> list[Path]:
+    """For each reference folder an absorb wrote CCU's own part and balls into without their
+    ``balls.npz`` (over what a call brings back: :func:`balls_travel`), their key and the
+    time kept as ``<folder>/<label>/<dataset>.balls``: the machine that certified them holds
+    them while it is warm, and ``plan --warm`` plans the others there
+    (:func:`balls_left_on_machine`). A later absorb of the same folder (another call on that
+    machine, made at once) renews the time; a reduced variant's copy of the balls' record
+    (``certified_in``) is not CCU's. Returns the folders whose balls were kept."""
+    from ccu.store.records import CERTIFIED_IN
+
+    now = time.time() if now is None else now
     kept = []
     for ref, written in result.items():
         ref = Path(ref)
-        if "balls.json" in written and not (ref / "balls.npz").exists():
-            path = Path(folder) / ref.parent.name / f"{ref.name}.balls"
+        path = Path(folder) / ref.parent.name / f"{ref.name}.balls"
+        try:
+            record = json.loads((ref / "balls.json").read_text())
+        except (OSError, ValueError):
+            continue
+        ccu_here = "balls.json" in written and any(w.startswith("CCU.") for w in written)
+        if ccu_here and CERTIFIED_IN not in record and not (ref / "balls.npz").exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.loads((ref / "balls.json").read_text())[BALLS_KEY] + "\n")
+            path.write_text(json.dumps({"key": record[BALLS_KEY], "at": now}) + "\n")
             kept.append(ref)
+        elif path.exists() and written:  # that machine ran another call: still warm then
+            try:
+                path.write_text(json.dumps(dict(json.loads(path.read_text()), at=now)) + "\n")
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)
     return kept
 
 
-def balls_left_on_machine(reference: Path, label: str, dataset: str) -> bool:
-    """Whether the last absorb committed CCU's balls of ``label``/``dataset`` without their
-    arrays (:func:`keep_machine_balls`) and they are still those committed: on the machine
-    that certified them, while it is warm (``plan --warm`` says it is)."""
+def balls_left_on_machine(reference: Path, label: str, dataset: str,
+                          now: float | None = None) -> bool:  # fmt: skip
+    """Whether CCU's balls of ``label``/``dataset``, committed without their arrays, are
+    still on the device machine that certified them: the last absorb kept their key
+    (:func:`keep_machine_balls`) less than :data:`MACHINE_BALLS_S` ago, and they are still
+    the committed ones."""
+    now = time.time() if now is None else now
     path = resume_dir(reference) / label / f"{dataset}.balls"
     balls = reference_dir(reference, label, dataset) / "balls.json"
     try:
-        return path.read_text().strip() == json.loads(balls.read_text())[BALLS_KEY]
-    except (OSError, ValueError, KeyError):
+        record = json.loads(path.read_text())
+        fresh = 0 <= now - float(record["at"]) < MACHINE_BALLS_S
+        return fresh and record["key"] == json.loads(balls.read_text())[BALLS_KEY]
+    except (OSError, ValueError, KeyError, TypeError):
         return False
 
 

@@ -290,15 +290,20 @@ def cpu_attack_batch(
 
 
 def saved_bytes(fn: Callable[[torch.Tensor], object], z: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves for a backward pass while ``fn(z)`` runs
+    """Bytes of the distinct storages autograd saves for backward passes while ``fn(z)`` runs
     (a pass's memory on the CPU, where no allocator counts its peak; PyTorch's
-    ``saved_tensors_hooks`` see each tensor as it is saved, and all are alive until the
-    backward pass, so no two share an address)."""
+    ``saved_tensors_hooks`` see each tensor as it is saved). Every storage seen is kept alive
+    until ``fn`` returns, so that no address is reused: a score that runs an inner pass of its
+    own (ODIN's and Maha's input pre-processing) frees that graph before the outer one is
+    built, and its addresses would otherwise be counted again, or not, by chance; its saved
+    bytes count too (an over-estimate, the same on every run)."""
     storages: dict[int, int] = {}
+    alive = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         storages[storage.data_ptr()] = storage.nbytes()
+        alive.append(storage)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

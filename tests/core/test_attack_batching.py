@@ -147,6 +147,28 @@ def test_cpu_chunk_is_sized_by_the_bytes_autograd_saves_and_draws_nothing():
     assert torch.equal(after, torch.rand(3))
 
 
+def test_cpu_chunk_of_a_score_with_an_inner_pass_is_the_same_every_time():
+    """ODIN's and Maha's scores run an inner backward pass (their input pre-processing) and
+    free it before the outer graph is built: the allocator then reuses its addresses, and
+    counting saved storages by address alone counted them again, or not, by chance (1,152 to
+    2,048 iterates from run to run: the cap, ResNet18's out-of-memory again). Every storage is
+    kept alive while the probe runs: the same, conservative count every time."""
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 100_000), torch.nn.ReLU(), torch.nn.Linear(100_000, 1)
+    )
+
+    def preprocessed(x):
+        with torch.enable_grad():
+            inner = x.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(net(inner).sum(), inner)
+        return net(x + 0.01 * g.sign()).squeeze(1)
+
+    example = torch.rand(1, 4)
+    chunks = {attacks.attack_batch_size(preprocessed, example, 100_000) for _ in range(6)}
+    # 400 kB an iterate for each pass's ReLU: 2 GiB / 1.5 / 800 kB = 1,789 -> 1,728
+    assert chunks == {1728}
+
+
 def test_gpu_probe_path_with_a_simulated_device(monkeypatch):
     """The CUDA branch with the device's memory calls replaced: probes of 16 and 32 inputs
     peaking at 8 MiB + 2 MiB per input; 900 MiB free and 100 MiB cached by the allocator."""

@@ -20,7 +20,7 @@ from ccu import cli
 from ccu.core.errors import CorruptResultError
 from ccu.run import reference
 from ccu.run.config import get_profile
-from ccu.store.records import BALLS_KEY
+from ccu.store.records import BALLS_KEY, CERTIFIED_IN
 from ccu.store.reference_results import assemble_reference
 from ccu.store.results import ResultConflictError
 
@@ -625,6 +625,27 @@ def test_a_ccu_fit_too_big_to_carry_is_left_here_and_ccu_planned_with_its_build(
     assert lease.ccu_build_s("cifar10-jpeg") > lease.ccu_build_s("fmnist") >= lease.CCU_BUILD_S
 
 
+def test_a_grid_reduced_whole_takes_the_most_epochs_that_run_the_first_methods(
+    monkeypatch, tmp_path
+):
+    """``plan --epochs N``'s N: the most epochs, in fives, at which CCU, Base and OE (issue
+    39's first) run in the grid's first lease, scanned down from what CCU alone fits. Fewer
+    epochs can plan worse (on FMNIST Base's lane is kept whole below 25 and no longer fits
+    beside CCU at 20): a halving search took 15 where 30 runs them (plans made up here)."""
+    first = {30: lease.FIRST, 15: lease.FIRST, 10: lease.FIRST, 5: lease.FIRST}
+
+    def made_up_plan(dataset, reference, label, budget_s, jobs, ccu_init=False, epochs=100,
+                     data_s=0):  # fmt: skip
+        ran = list(first.get(epochs, ("CCU", "OE")))
+        return [lease.Call(ran, [ran], 500, {})], [], {}, None
+
+    monkeypatch.setattr(lease, "plan", made_up_plan)
+    monkeypatch.setattr(lease, "reduced_epochs", lambda *args, **kw: 47)  # CCU alone: 45
+    assert lease.grid_epochs("fmnist", tmp_path) == 30
+    first.clear()
+    assert lease.grid_epochs("fmnist", tmp_path) == 0
+
+
 def test_no_call_is_planned_before_the_data_is_packed(tmp_path, monkeypatch, capsys):
     """How many parts the data packs into (one a call, over 64 MiB with the project) decides
     the calls: before ``pack_data.py`` has packed it, a plan prints no call (one carrying the
@@ -675,17 +696,29 @@ def test_where_ccus_balls_cannot_come_back_the_rest_runs_in_its_lease_or_never(
     for name in ("CCU.attack.json", "CCU.config.json"):
         (folder / name).write_text("{}")
     (folder / "balls.json").write_text(json.dumps({BALLS_KEY: "k" * 64}))
-    assert lease.keep_machine_balls({folder: ["balls.json", "CCU.config.json"]},
-                                    lease.resume_dir(ref)) == [folder]  # fmt: skip
+    resume, t = lease.resume_dir(ref), 1000.0  # the absorb's time (a clock of our own)
+    written = ["balls.json", "radii.csv", "CCU.config.json", "CCU.attack.json"]
+    assert lease.keep_machine_balls({folder: written}, resume, now=t) == [folder]
+    assert lease.balls_left_on_machine(ref, label, "cifar10-jpeg", now=t + 10)
+    # the machine is wiped 30 s after a call: a plan long after the absorb cannot count on it
+    assert not lease.balls_left_on_machine(ref, label, "cifar10-jpeg", now=t + 600)
     problem = lease.plan("cifar10-jpeg", ref, label, 600, 5, epochs=20)[3]
     assert "cannot be attacked in its balls in another lease" in problem
-    assert lease.balls_left_on_machine(ref, label, "cifar10-jpeg")
     calls, later, _, problem = lease.plan("cifar10-jpeg", ref, label, 600, 5, epochs=20,
                                           warm=True, balls_on_machine=True)  # fmt: skip
     planned = [m for c in calls for m in c.methods]
     assert problem is None and planned and "CCU" not in planned
+    # another call on that machine, absorbed later: still warm then
+    assert lease.keep_machine_balls({folder: ["OE.config.json"]}, resume, now=t + 500) == []
+    assert lease.balls_left_on_machine(ref, label, "cifar10-jpeg", now=t + 510)
     (folder / "balls.json").write_text(json.dumps({BALLS_KEY: "f" * 64}))  # other balls since
-    assert not lease.balls_left_on_machine(ref, label, "cifar10-jpeg")
+    assert not lease.balls_left_on_machine(ref, label, "cifar10-jpeg", now=t + 510)
+    # a reduced variant's copy of the balls' record (MNIST's balls travel) is not CCU's
+    variant = ref / "paper-e45" / "mnist"
+    variant.mkdir(parents=True)
+    (variant / "balls.json").write_text(json.dumps({BALLS_KEY: "k" * 64, CERTIFIED_IN: "paper"}))
+    assert lease.keep_machine_balls({variant: ["balls.json", "radii.csv"]}, resume, now=t) == []
+    assert not (resume / "paper-e45" / "mnist.balls").exists()
 
 
 def test_the_lanes_a_plan_writes_out_are_the_lanes_of_the_call(capsys):
