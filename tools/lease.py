@@ -1251,9 +1251,11 @@ def data_parts(dataset: str) -> list[str]:
     return [_shown(p) for p in sorted(found, key=lambda p: int(p.name[5:]))]
 
 
-#: MiB a call may carry, the project included: ``tools/pack_data.py``'s limit, a margin under
-#: the device's 64
-CARRY_MIB = 56
+#: MiB a call may carry with CCU's fit, the project and the data's part included: the device's
+#: 64 less 2 (the project is measured as ``pack_data.py`` measures it, tracked files and the
+#: untracked ones that travel). Not ``pack_data.py``'s 56 for a part: that margin is what leaves
+#: room for a fit beside the data (MNIST's, today: 8.5 + 33.8 + 14.1 = 56.4 MiB)
+CARRY_MIB = 62
 
 
 def fit_too_big(inits: list[Path] | int, dataset: str, parts: list[str]) -> str | None:
