@@ -1931,9 +1931,9 @@ def keep_machine_balls(result: dict, folder: Path, now: float | None = None) -> 
     ``balls.npz`` (over what a call brings back: :func:`balls_travel`), their key and the
     time kept as ``<folder>/<label>/<dataset>.balls``: the machine that certified them holds
     them while it is warm, and ``plan --warm`` plans the others there
-    (:func:`balls_left_on_machine`). A later absorb of the same folder (another call on that
-    machine, made at once) renews the time; a reduced variant's copy of the balls' record
-    (``certified_in``) is not CCU's. Returns the folders whose balls were kept."""
+    (:func:`balls_left_on_machine`). A reduced variant's copy of the balls' record
+    (``certified_in``) is not CCU's. Returns the folders whose balls were kept; a later
+    call on that machine renews the time (:func:`renew_machine_balls`)."""
     from ccu.store.records import CERTIFIED_IN
 
     now = time.time() if now is None else now
@@ -1950,12 +1950,39 @@ def keep_machine_balls(result: dict, folder: Path, now: float | None = None) -> 
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"key": record[BALLS_KEY], "at": now}) + "\n")
             kept.append(ref)
-        elif path.exists() and written:  # that machine ran another call: still warm then
-            try:
-                path.write_text(json.dumps(dict(json.loads(path.read_text()), at=now)) + "\n")
-            except (OSError, ValueError):
-                path.unlink(missing_ok=True)
     return kept
+
+
+#: what ``lease_run.sh`` logs when a call attacks in the balls an earlier call certified on
+#: its machine (not committed with their arrays)
+MACHINE_BALLS_SAID = "attacks in the balls an earlier call certified on this machine"
+
+
+def renew_machine_balls(files_at: Path, folder: Path, now: float | None = None) -> list[Path]:
+    """Each record of balls left on the machine (:func:`keep_machine_balls`) whose
+    ``label``/``dataset`` a call's log says it attacked in on its machine
+    (:data:`MACHINE_BALLS_SAID`): that call ran there, so the machine was warm at its end; its
+    time renewed, whatever the call brought back (a training stopped for time, a variant's
+    part in its own folder, nothing). A call on a fresh machine finds no balls and says
+    nothing of the kind. An unreadable record is removed. Returns the records renewed."""
+    now = time.time() if now is None else now
+    renewed = []
+    for log in sorted(Path(files_at).glob("*.log")):
+        text = log.read_text(errors="replace")
+        head = LOG_HEAD.match(text)
+        if not head or MACHINE_BALLS_SAID not in text:
+            continue
+        path = Path(folder) / head.group(1) / f"{head.group(2)}.balls"
+        if not path.exists():
+            continue
+        try:
+            record = json.loads(path.read_text())
+            record["at"] = now
+            path.write_text(json.dumps(record) + "\n")
+            renewed.append(path)
+        except (OSError, ValueError, TypeError, KeyError):  # not a record of ours
+            path.unlink(missing_ok=True)
+    return renewed
 
 
 def balls_left_on_machine(reference: Path, label: str, dataset: str,
@@ -2107,6 +2134,7 @@ def absorb_command(args) -> int:
             code = exc.code
     for path in kept:
         print(f"kept the call's log: {path}")
+    renew_machine_balls(Path(args.files_at), resume_dir(args.reference))
     for folder in keep_machine_balls(result, resume_dir(args.reference)):
         print(f"{folder}: CCU's balls are committed without their arrays (balls.npz, over what "
               "a call brings back): the other methods are attacked in them on the machine that "

@@ -716,9 +716,24 @@ def test_where_ccus_balls_cannot_come_back_the_rest_runs_in_its_lease_or_never(
                                           warm=True, balls_on_machine=True)  # fmt: skip
     planned = [m for c in calls for m in c.methods]
     assert problem is None and planned and "CCU" not in planned
-    # another call on that machine, absorbed later: still warm then
-    assert lease.keep_machine_balls({folder: ["OE.config.json"]}, resume, now=t + 500) == []
+    # another call on that machine (its log says it attacked in them there), absorbed later,
+    # whatever it brought back: still warm then; a call on a fresh machine found none
+    came = tmp_path / "came"
+    came.mkdir()
+    log = came / f"{label}-cifar10-jpeg.log"
+    log.write_text(f"lease_run: {label}/cifar10-jpeg: EDL in up to 1 lanes\n"
+                   "lease_run: no balls: run CCU in this call, or commit its part\n")  # fmt: skip
+    assert lease.renew_machine_balls(came, resume, now=t + 500) == []
+    assert not lease.balls_left_on_machine(ref, label, "cifar10-jpeg", now=t + 510)
+    log.write_text(f"lease_run: {label}/cifar10-jpeg: EDL in up to 1 lanes\n"
+                   f"lease_run: {lease.MACHINE_BALLS_SAID}\n")  # fmt: skip
+    assert len(lease.renew_machine_balls(came, resume, now=t + 500)) == 1
     assert lease.balls_left_on_machine(ref, label, "cifar10-jpeg", now=t + 510)
+    record = resume / label / "cifar10-jpeg.balls"
+    saved = record.read_text()
+    record.write_text("null")  # not a record of ours: removed, the absorb goes on
+    assert lease.renew_machine_balls(came, resume, now=t + 500) == [] and not record.exists()
+    record.write_text(saved)
     (folder / "balls.json").write_text(json.dumps({BALLS_KEY: "f" * 64}))  # other balls since
     assert not lease.balls_left_on_machine(ref, label, "cifar10-jpeg", now=t + 510)
     # a reduced variant's copy of the balls' record (MNIST's balls travel) is not CCU's
