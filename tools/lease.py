@@ -1530,11 +1530,12 @@ def print_plan(args) -> int:
         later = [m for m in later if m not in stranded]
     ccu_first = "CCU" in too_long and "CCU" not in done  # the others wait for its balls
     for m, s in too_long.items():
-        n = reduced_epochs(m, epochs, args.dataset, bool(inits), data_s) // 5 * 5
         if m == "CCU":  # the whole grid at n: CCU with the methods wanted first in its lease
             # (with CCU's fit carried where it can be: the plan at n asks for `prepare`)
             n = grid_epochs(args.dataset, args.reference, args.profile, epochs,
                             bool(inits) or not (too_big or big_fit), args.jobs, data_s)  # fmt: skip
+        else:
+            n = reduced_epochs(m, epochs, args.dataset, bool(inits), data_s) // 5 * 5
         if ccu_first and m != "CCU":
             continue  # said once, after CCU's line
         if m == "CCU":  # no variant: every method is attacked in the balls CCU certifies

@@ -186,6 +186,18 @@ def _peak_bytes(fn, z: torch.Tensor) -> int:
     return torch.cuda.max_memory_allocated(dev) - before
 
 
+def _probed(measure, fn, example: torch.Tensor, sizes: tuple[int, int], devices) -> tuple:
+    """``(per_input, fixed)`` bytes (:func:`memory_model`) of ``fn`` from ``measure(fn, z)``
+    (:func:`_peak_bytes` on CUDA, :func:`saved_bytes` on the CPU) on copies of ``example`` at
+    the two ``sizes``, under an RNG forked for ``devices`` (a stochastic ``fn``, MCD's dropout,
+    draws the same numbers afterwards as without the probe)."""
+    small, large = sizes
+    probe = example[torch.arange(large, device=example.device) % example.shape[0]]
+    with torch.random.fork_rng(devices=devices):
+        at_small, at_large = measure(fn, probe[:small]), measure(fn, probe)
+    return memory_model(at_small, at_large, small, large)
+
+
 def probe_batch_size(
     fn: Callable[[torch.Tensor], object],
     example: torch.Tensor,
@@ -206,13 +218,8 @@ def probe_batch_size(
     afterwards as without it."""
     if not _on_cuda(example):
         return max(1, min(total, cpu_default))
-    small, large = PROBE_SIZES
     dev = example.device
-    probe = example[torch.arange(large, device=dev) % example.shape[0]]
-    with torch.random.fork_rng(devices=[dev]):
-        p_small = _peak_bytes(fn, probe[:small])
-        p_large = _peak_bytes(fn, probe)
-    per_input, fixed = memory_model(p_small, p_large, small, large)
+    per_input, fixed = _probed(_peak_bytes, fn, example, PROBE_SIZES, [dev])
     free, _ = torch.cuda.mem_get_info(dev)
     cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
     return batch_from_memory(free + cached, per_input, fixed + reserve_bytes, total, fraction)
@@ -280,11 +287,7 @@ def cpu_attack_batch(
     cap = max(1, min(int(total), int(most)))
     if cap == 1:
         return 1
-    small, large = CPU_PROBE_SIZES
-    probe = example[torch.arange(large) % example.shape[0]]
-    with torch.random.fork_rng(devices=[]):
-        s_small, s_large = saved_bytes(fn, probe[:small]), saved_bytes(fn, probe)
-    per_input, fixed = memory_model(s_small, s_large, small, large)
+    per_input, fixed = _probed(saved_bytes, fn, example, CPU_PROBE_SIZES, [])
     factor = CPU_BACKWARD_FACTOR
     return batch_from_memory(budget_bytes, factor * per_input, factor * fixed, cap, fraction=1.0)
 
