@@ -10,7 +10,8 @@
 # package registry, ~3 GB, a few minutes) outside the checkout and runs there, with the
 # checkout on PYTHONPATH as on the device (ccu is not installed there), the tests of
 # everything a lease runs: lease_run.sh and lease.py, call 0's benchmarks, ACET's graphs and
-# the training step's (their CUDA checks skip here), the time box. Not part of `ci/test.sh` (the download).
+# the training step's (their CUDA checks skip here), the time box, the mixtures' fit on the
+# GPU (against the scikit-learn installed there). Not part of `ci/test.sh` (the download).
 #
 #     bash tools/device_like_env.sh              # build if missing, then the tests
 #     DEVICE_LIKE_ENV=/tmp/x bash tools/device_like_env.sh -k plan   # pytest arguments pass on
@@ -49,4 +50,4 @@ cd "$ROOT"
 exec env -u PYTHONPATH PATH="$ENV_DIR/bin:$PATH" PYTHONPATH="$ROOT" OMP_NUM_THREADS=1 \
   MPLBACKEND=Agg PYTHONHASHSEED=0 python -m pytest -q -n 2 -p no:cacheprovider \
   tests/run/test_lease.py tests/run/test_bench_epochs.py tests/methods/test_cuda_graphs.py \
-  tests/methods/test_graphed_step.py tests/run/test_time_box.py "$@"
+  tests/methods/test_graphed_step.py tests/run/test_time_box.py tests/core/test_em_device.py "$@"

@@ -96,28 +96,32 @@ def epochs_of(token: str) -> int | None:
 #: call of CCU at 10 epochs was stopped 160 s in before its 10 epochs were done (~3.5 s each),
 #: so the build took at least 125 s. A call that carries the fit (``prepare``) skips it.
 CCU_BUILD_S = 125
-#: CCU's build planned where no lease measured it: the most MNIST's two runs allow. The call
-#: of 2026-11-28 that fitted it on the device trained CCU in 513 s (cut at the hard limit),
-#: the one that carried the fit in 327 s beside other lanes: ~185 s for the build, an upper
-#: bound (another lane, GAN's, may have slowed its epochs), CCU_BUILD_S the lower one
-CCU_BUILD_UPPER_S = 185
-#: CCU's build (its initial fit: the metric and both mixtures, sklearn's EM) on a dataset of
-#: each input dimension, relative to MNIST's: timed here at the paper profile on the full
-#: training sets (2 CPU threads, 2026-11-28, ``prepare``'s fit): MNIST (784 dimensions,
-#: 60,000 + 50,000 out points) 209 s, CIFAR-10 (3072, 50,000 + 40,000) 375 s; another
-#: dimension scales linearly from the nearest below (an over-estimate: EM grows slower)
-CCU_BUILD_BY_DIM = {784: 1.0, 3072: 1.79}
+#: CCU's build planned where no lease measured it. Its k-means and EM iterations run on the
+#: GPU (ccu.core.em_device, since 2026-11-28; before, scikit-learn's on the device's CPU took
+#: most of the ~125-185 s above), so what is left is on the CPU: the augmented covariance
+#: sample, the metric's eigendecomposition and scikit-learn's k-means++ start of both
+#: mixtures, timed here at the paper profile on the full training sets (2 threads, 2026-11-28;
+#: the device's CPU built MNIST at least as fast as this one): MNIST's dimension (784, 60,000
+#: + 20,000 points for EM) 10.3 s, CIFAR-10's (3072, 50,000 + 20,000) 47.1 s; another
+#: dimension scales linearly from the nearest below (the eigendecomposition grows faster: its
+#: d^3 is 20 of CIFAR-10's 47 s)
+CCU_BUILD_CPU_S = {784: 10.3, 3072: 47.1}
+#: the GPU's part of the build, at most: CIFAR-10's k-means (199 Lloyd iterations here) and EM
+#: (100 iterations), both mixtures, are ~30 TFLOP in float64; 10 s at 3 TFLOP/s (an H200
+#: peaks at 67), the data's copy to the GPU included
+CCU_BUILD_GPU_S = 10
 
 
 def ccu_build_s(dataset: str) -> int:
     """Seconds of CCU's build on ``dataset`` (its fit, when not carried): on the datasets of
-    :data:`COST_S` its measured :data:`CCU_BUILD_S`; elsewhere :data:`CCU_BUILD_UPPER_S`
-    scaled by :data:`CCU_BUILD_BY_DIM`."""
+    :data:`COST_S` its measured :data:`CCU_BUILD_S` (of the build before its EM ran on the
+    GPU: an upper bound now, kept since COST_S's CCU holds it); elsewhere its CPU part
+    (:data:`CCU_BUILD_CPU_S`, by the input dimension) plus :data:`CCU_BUILD_GPU_S`."""
     if dataset in COST_DATASETS:
         return CCU_BUILD_S
     d = input_dim(dataset)
-    known = max((k for k in CCU_BUILD_BY_DIM if k <= d), default=min(CCU_BUILD_BY_DIM))
-    return int(round(CCU_BUILD_UPPER_S * CCU_BUILD_BY_DIM[known] * max(d / known, 1.0)))
+    known = max((k for k in CCU_BUILD_CPU_S if k <= d), default=min(CCU_BUILD_CPU_S))
+    return int(math.ceil(CCU_BUILD_CPU_S[known] * max(d / known, 1.0) + CCU_BUILD_GPU_S))
 
 
 #: the measured costs are one run's: plan with this much room on every training

@@ -8,6 +8,7 @@ with ``alpha_k = w_k (2 pi sigma_k^2)^{-D/2} (det C)^{-1/2}``, a properly normal
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -78,27 +79,65 @@ class ScaleConstraint:
         }
 
 
-def em_fit(x, metric, seed, n_components, covariance_type, max_iter, reg_covar, verbose):
+def em_fit(
+    x, metric, seed, n_components, covariance_type, max_iter, reg_covar, verbose, device=None,
+    engine=None,
+):  # fmt: skip
     """k-means + EM in the metric's whitened space with scikit-learn (``covariance_type``
     ``"spherical"`` is eq. (4) there, ``"diag"`` the diagonal family): returns
-    ``(means, log variances, log weights)`` as numpy arrays."""
-    from sklearn.mixture import GaussianMixture as SkGMM
+    ``(means, log variances, log weights)`` as numpy arrays.
 
-    w = _whitened_data(x, metric, n_components)
+    On a ``device`` other than the CPU (the GPU CCU trains on), the same k-means and EM run
+    there in torch (:mod:`ccu.core.em_device`: scikit-learn's steps, equal to its fit up to
+    float roundoff), the data whitened there too. ``engine`` (``"sklearn"`` or ``"torch"``)
+    overrides that choice; scikit-learn runs on the CPU only."""
+    device = torch.device("cpu" if device is None else device)
+    engine = engine or ("sklearn" if device.type == "cpu" else "torch")
+    if engine not in ("sklearn", "torch") or (engine == "sklearn" and device.type != "cpu"):
+        raise ValueError(
+            f"engine must be 'torch', or 'sklearn' on the CPU; got {engine!r} on {device}."
+        )
     start = time.perf_counter()
-    sk = SkGMM(
-        n_components=int(n_components),
-        covariance_type=covariance_type,
-        max_iter=max_iter,
-        reg_covar=reg_covar,
-        random_state=seed,
-        init_params="kmeans",
-    ).fit(w)
+    if engine == "sklearn":
+        from sklearn.mixture import GaussianMixture as SkGMM
+
+        w = _whitened_data(x, metric, n_components).numpy()
+        start = time.perf_counter()
+        sk = SkGMM(
+            n_components=int(n_components),
+            covariance_type=covariance_type,
+            max_iter=max_iter,
+            reg_covar=reg_covar,
+            random_state=seed,
+            init_params="kmeans",
+        ).fit(w)
+        means, variances, weights = sk.means_, sk.covariances_, sk.weights_
+    else:
+        from ccu.core import em_device
+
+        w = _whitened_data(x, metric, n_components, device)
+        labels = em_device.kmeans_labels(w, int(n_components), seed)
+        fit = em_device.em(w, labels, int(n_components), covariance_type, max_iter, reg_covar)
+        if not fit.converged:  # as scikit-learn says it
+            from sklearn.exceptions import ConvergenceWarning
+
+            warnings.warn(
+                f"EM did not converge in max_iter={max_iter} iterations; the last ones are "
+                "used (as scikit-learn does).",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        means, variances, weights = (
+            t.cpu().numpy() for t in (fit.means, fit.variances, fit.weights)
+        )
     if verbose:
         took = time.perf_counter() - start
-        print(f"EM ({covariance_type}): {n_components} components on {w.shape} in {took:.1f}s")
-    log_weights = np.log(sk.weights_)
-    return sk.means_, np.log(sk.covariances_), log_weights - np.logaddexp.reduce(log_weights)
+        print(
+            f"EM ({covariance_type}): {n_components} components on {tuple(w.shape)} "
+            f"({engine} on {device.type}) in {took:.1f}s"
+        )
+    log_weights = np.log(weights)
+    return means, np.log(variances), log_weights - np.logaddexp.reduce(log_weights)
 
 
 class FittedByEM:
@@ -125,13 +164,16 @@ class FittedByEM:
         max_iter: int = 100,
         reg_covar: float = 1e-6,
         verbose: bool = False,
+        device=None,
     ):
         """k-means + EM on ``x`` whitened by ``metric``, seeded by ``seed``, with
         ``n_components`` components (the paper: 100); ``max_iter`` and ``reg_covar`` go to
-        scikit-learn. Chapter *Training Base and CCU* (``book/training.ipynb``)."""
+        scikit-learn; on ``device`` (default the CPU) :func:`em_fit` runs there. Chapter
+        *Training Base and CCU* (``book/training.ipynb``)."""
         means, log_var, log_w = em_fit(
-            x, metric, seed, n_components, cls.em_covariance, max_iter, reg_covar, verbose
-        )
+            x, metric, seed, n_components, cls.em_covariance, max_iter, reg_covar, verbose,
+            device,
+        )  # fmt: skip
         return cls.from_em(means, log_var, log_w, metric)
 
 
@@ -289,8 +331,8 @@ class GaussianMixture(FittedByEM, ScaleConstraint, DensityModel):
         )
 
 
-def _whitened_data(x, metric: Mahalanobis, n_components: int) -> np.ndarray:
-    """Data checked and whitened in float64 for EM (numpy, on the CPU)."""
+def _whitened_data(x, metric: Mahalanobis, n_components: int, device=None) -> torch.Tensor:
+    """Data checked and whitened in float64 for EM, on ``device`` (default the CPU)."""
     if not isinstance(metric, Mahalanobis):
         raise TypeError(
             f"fit(x, metric, seed, n_components=K) takes a ccu.Mahalanobis as metric; got "
@@ -306,4 +348,5 @@ def _whitened_data(x, metric: Mahalanobis, n_components: int) -> np.ndarray:
         raise ValueError(
             f"cannot fit {n_components} components to {x.shape[0]} points; use fewer components."
         )
-    return (x @ metric.whitening.double().cpu()).numpy()
+    device = torch.device("cpu" if device is None else device)
+    return x.to(device) @ metric.whitening.double().to(device)

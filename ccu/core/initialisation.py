@@ -30,6 +30,7 @@ def init_ccu(
     x_metric: torch.Tensor | None = None,
     max_out: int = 20000,
     density="gmm",
+    device=None,
 ) -> CCU:
     """A CCU model around ``classifier`` with metric and mixtures fitted to the data.
 
@@ -40,6 +41,10 @@ def init_ccu(
     the start; families without it are called as before).
     ``x_metric`` (default ``x_in``) is the data for the covariance, e.g. augmented in-data.
     At most ``max_out`` out-distribution points (the paper: 20,000) are used for EM.
+    ``device`` (default the CPU) is where the families' fits run when their ``fit`` names a
+    ``device`` parameter (the built-in mixtures: k-means and EM on the GPU,
+    :mod:`ccu.core.em_device`); the metric is always fitted on the CPU, and the model is
+    returned on the CPU.
     """
     metric = Mahalanobis.fit(x_in if x_metric is None else x_metric, floor=floor)
     k_in = min(n_components, len(x_in))
@@ -48,22 +53,24 @@ def init_ccu(
         gen = torch.Generator().manual_seed(seed)
         x_out = x_out[torch.randperm(len(x_out), generator=gen)[:max_out]]
     family = get_density_family(density)
-    density_in = _fit(family, x_in, metric, seed, k_in, "in")
-    density_out = _fit(family, x_out, metric, seed + 1, k_out, "out")
+    density_in = _fit(family, x_in, metric, seed, k_in, "in", device)
+    density_out = _fit(family, x_out, metric, seed + 1, k_out, "out", device)
     model = CCU(classifier, density_in, density_out, num_classes, lam=lam)
     model.after_step()  # the densities' constraints (for mixtures: theta >= 2 max sigma)
     return model
 
 
-def _accepts_role(fit) -> bool:
-    """Whether a family's ``fit`` names a ``role`` parameter (``**options`` does not count: it
-    may forward them to a fit that has none)."""
+def _accepts(fit, name: str) -> bool:
+    """Whether a family's ``fit`` names the parameter ``name`` (``**options`` does not count:
+    it may forward them to a fit that has none)."""
     try:
-        return "role" in inspect.signature(fit).parameters
+        return name in inspect.signature(fit).parameters
     except (TypeError, ValueError):
         return False
 
 
-def _fit(family, x, metric, seed: int, k: int, role: str):
-    options = {"role": role} if _accepts_role(family.fit) else {}
+def _fit(family, x, metric, seed: int, k: int, role: str, device=None):
+    options = {"role": role} if _accepts(family.fit, "role") else {}
+    if device is not None and _accepts(family.fit, "device"):
+        options["device"] = device
     return family.fit(x, metric, seed=seed, n_components=k, **options)

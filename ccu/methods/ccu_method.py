@@ -114,6 +114,7 @@ class CCUMethod(BaseMethod):
             seed=self.seed,
             x_metric=covariance_sample(data, self.settings, self.seed, self.profile.n_covariance),
             density=self.density,
+            device=self.device,  # k-means and EM where it trains (the GPU)
         ).to(self.device)
 
     def checks_density(self) -> bool:

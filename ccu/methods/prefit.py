@@ -38,13 +38,14 @@ def _tensor_sha(x: torch.Tensor) -> str:
 
 
 def _code_sha(family) -> str:
-    """The source of the code the fit runs: the build, the metric, the covariance sample and
-    the density family's module (a change in any is another key)."""
-    from ccu.core import initialisation, metric
+    """The source of the code the fit runs: the build, the metric, the covariance sample, the
+    mixtures' EM (:func:`ccu.core.gmm.em_fit`, for every family built on it) and the density
+    family's module (a change in any is another key)."""
+    from ccu.core import gmm, initialisation, metric
     from ccu.data import augment
 
     h = hashlib.sha256()
-    for obj in (initialisation, metric, augment, inspect.getmodule(family) or family):
+    for obj in (initialisation, metric, augment, gmm, inspect.getmodule(family) or family):
         h.update(inspect.getsource(obj).encode())
     return h.hexdigest()
 

@@ -606,8 +606,12 @@ def test_a_ccu_fit_too_big_to_carry_is_left_here_and_ccu_planned_with_its_build(
     said = capsys.readouterr().out
     assert "is not carried: 75.0 MiB" in said and "over the 62 MiB a call carries" in said
     assert str(fit.parent) not in said.split("not carried")[1] and "prepare --dataset" not in said
-    # CCU with its build on the device (~330 s at the estimates): no grid runs it in a call
-    assert "no grid of at least 5 epochs runs CCU, Base, OE in a lease" in said
+    # CCU with its build on the device (~60 s at the estimates since its k-means and EM run
+    # on the GPU; ~330 s with scikit-learn's on the device's CPU, when no grid ran it in a
+    # call): planned in call 1, and a grid of 5 epochs or more runs CCU, Base, OE in a lease
+    assert "no grid of at least 5 epochs" not in said
+    assert any(ln.startswith("call 1") and "cifar10-jpeg CCU" in ln for ln in said.splitlines())
+    assert lease.grid_epochs("cifar10-jpeg", ref, jobs=5, data_s=2 * 60) >= 5
     with open(fit, "wb") as f:
         f.truncate(2**20)
     assert lease.main(plan) == 0
@@ -630,7 +634,9 @@ def test_a_ccu_fit_too_big_to_carry_is_left_here_and_ccu_planned_with_its_build(
     assert lease.main(plan) == 0
     said = capsys.readouterr().out
     assert "prepare --dataset" not in said and "would not be carried" in said
-    assert lease.ccu_build_s("cifar10-jpeg") > lease.ccu_build_s("fmnist") >= lease.CCU_BUILD_S
+    # the CPU's part of the build grows with the dimension; MNIST's is the measured one, of
+    # the build before EM ran on the GPU (an upper bound)
+    assert lease.CCU_BUILD_S > lease.ccu_build_s("cifar10-jpeg") > lease.ccu_build_s("fmnist")
 
 
 def test_a_grid_reduced_whole_takes_the_most_epochs_that_run_the_first_methods(
@@ -688,8 +694,8 @@ def test_where_ccus_balls_cannot_come_back_the_rest_runs_in_its_lease_or_never(
     assert lease.balls_travel("mnist") and lease.balls_travel("fmnist")
     assert not lease.balls_travel("cifar10-jpeg")
     ref, label = tmp_path / "ref", get_profile("paper", "cifar10-jpeg", epochs=20).label
-    # (at the estimates CCU's build on the device, ~330 s, leaves no CIFAR-10 grid a call:
-    # here as if it took 30 s, so that CCU's lease runs some of the rest)
+    # (here as if CCU's build on the device took 30 s, so that CCU's lease runs some of the rest
+    # whatever the estimates)
     monkeypatch.setattr(lease, "ccu_build_s", lambda dataset: 30)
     n, runs, never = lease.leases_needed("cifar10-jpeg", ref, label, jobs=5, epochs=20)
     assert n == 1 and "CCU" in runs[0] and never
