@@ -106,9 +106,9 @@ CCU_BUILD_S = 125
 #: dimension scales linearly from the nearest below (the eigendecomposition grows faster: its
 #: d^3 is 20 of CIFAR-10's 47 s)
 CCU_BUILD_CPU_S = {784: 10.3, 3072: 47.1}
-#: the GPU's part of the build, at most: CIFAR-10's k-means (199 Lloyd iterations here) and EM
-#: (100 iterations), both mixtures, are ~30 TFLOP in float64; 10 s at 3 TFLOP/s (an H200
-#: peaks at 67), the data's copy to the GPU included
+#: the GPU's part of the build, estimated (not yet timed on a GPU): CIFAR-10's k-means (199
+#: Lloyd iterations here) and EM (100 iterations), both mixtures, are ~30 TFLOP in float64;
+#: 10 s at an assumed 3 TFLOP/s (an H200 peaks at 67), the data's copy to the GPU included
 CCU_BUILD_GPU_S = 10
 
 

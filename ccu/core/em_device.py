@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+#: the covariances fitted here (scikit-learn's names): eq. (4)'s, and the diagonal family's
+COVARIANCE_TYPES = ("spherical", "diag")
 #: scikit-learn's defaults that :func:`ccu.core.gmm.em_fit` keeps
 KMEANS_MAX_ITER = 300
 KMEANS_TOL = 1e-4
@@ -92,7 +94,10 @@ def kmeans_labels(
 
 def _nearest(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
     """The closest centre of every row, as scikit-learn's Lloyd step compares them:
-    ``|c|^2 - 2 x.c`` (``|x|^2`` is the same for all), the first of equal ones."""
+    ``|c|^2 - 2 x.c`` (``|x|^2`` is the same for all), the first of equal ones. Equal up to
+    the sums' order: where two centres are the same point (k-means++ picks duplicates only
+    when there are more clusters than distinct points) the pick between them may differ from
+    scikit-learn's, a relabelling of the same clustering at that step."""
     return (centres.square().sum(1) - 2.0 * (x @ centres.T)).argmin(1)
 
 
@@ -115,7 +120,16 @@ def _cluster_means(x: torch.Tensor, labels: torch.Tensor, old: torch.Tensor) -> 
                 sums[cluster] = x[idx]
                 counts[cluster] = 1.0
     filled = counts > 0
+    if bool(filled.all()):
+        return sums / counts[:, None]
+    # a cluster still empty (drained by the move, or no point was farther than 0 from its
+    # centre) takes the biggest cluster's centre, as scikit-learn's _average_centers puts it:
+    # averaged in index order, so an empty one before the biggest gets its sum, not its mean
+    big = int(counts.argmax())  # the first of equal counts, as np.argmax
+    biggest_sum = sums[big].clone()
     sums[filled] /= counts[filled, None]
+    for cluster in (~filled).nonzero().flatten().tolist():
+        sums[cluster] = biggest_sum if cluster < big else sums[big]
     return sums
 
 
@@ -133,7 +147,7 @@ def em(
     >>> [round(m, 3) for m in fit.means.flatten().tolist()], fit.converged
     ([0.1, 4.1], True)
     """
-    if covariance_type not in ("spherical", "diag"):
+    if covariance_type not in COVARIANCE_TYPES:
         raise ValueError(f"covariance_type must be 'spherical' or 'diag'; got {covariance_type!r}.")
     x = x.to(torch.float64)
     x2 = x.square()

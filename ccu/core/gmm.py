@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ccu.core import em_device
 from ccu.core.density import BallBounds, DensityModel, register_density, whiten64
 from ccu.core.metric import Mahalanobis, exact_distances, log_normaliser, squared_distances
 from ccu.core.validation import as_tensor, check_batch, check_finite
@@ -87,16 +88,19 @@ def em_fit(
     ``"spherical"`` is eq. (4) there, ``"diag"`` the diagonal family): returns
     ``(means, log variances, log weights)`` as numpy arrays.
 
-    On a ``device`` other than the CPU (the GPU CCU trains on), the same k-means and EM run
-    there in torch (:mod:`ccu.core.em_device`: scikit-learn's steps, equal to its fit up to
-    float roundoff), the data whitened there too. ``engine`` (``"sklearn"`` or ``"torch"``)
-    overrides that choice; scikit-learn runs on the CPU only."""
+    On a CUDA ``device`` (the GPU CCU trains on), the same k-means and EM run there in torch
+    (:mod:`ccu.core.em_device`: scikit-learn's steps, equal to its fit up to float roundoff),
+    the data whitened there too; elsewhere (the CPU; MPS, which has no float64) and for other
+    covariance types, scikit-learn runs on the CPU. ``engine`` (``"sklearn"``, or ``"torch"``
+    on ``device``) overrides that choice."""
     device = torch.device("cpu" if device is None else device)
-    engine = engine or ("sklearn" if device.type == "cpu" else "torch")
-    if engine not in ("sklearn", "torch") or (engine == "sklearn" and device.type != "cpu"):
-        raise ValueError(
-            f"engine must be 'torch', or 'sklearn' on the CPU; got {engine!r} on {device}."
-        )
+    if engine is None:
+        on_gpu = device.type == "cuda" and covariance_type in em_device.COVARIANCE_TYPES
+        engine = "torch" if on_gpu else "sklearn"
+    if engine not in ("sklearn", "torch"):
+        raise ValueError(f"engine must be 'sklearn' or 'torch'; got {engine!r}.")
+    if engine == "sklearn":
+        device = torch.device("cpu")
     start = time.perf_counter()
     if engine == "sklearn":
         from sklearn.mixture import GaussianMixture as SkGMM
@@ -113,12 +117,10 @@ def em_fit(
         ).fit(w)
         means, variances, weights = sk.means_, sk.covariances_, sk.weights_
     else:
-        from ccu.core import em_device
-
         w = _whitened_data(x, metric, n_components, device)
         labels = em_device.kmeans_labels(w, int(n_components), seed)
         fit = em_device.em(w, labels, int(n_components), covariance_type, max_iter, reg_covar)
-        if not fit.converged:  # as scikit-learn says it
+        if not fit.converged and max_iter > 0:  # as scikit-learn says it
             from sklearn.exceptions import ConvergenceWarning
 
             warnings.warn(

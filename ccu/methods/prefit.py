@@ -1,10 +1,11 @@
 """CCU's initial fit, made once on a CPU and carried to a GPU call.
 
 Building CCU (section "Experiments", paragraph CCU: the metric C of eq. (12) and the EM fits
-of both mixtures) runs scikit-learn's EM on the CPU, wherever the model then trains: on the full
-MNIST it took ~140 s of a 2-core working machine and about as long inside a GPU lease, where
-it is a quarter of CCU's share of a 10-minute call (lease of 2026-11-27: CCU's whole training,
-build included, 525 s in four lanes). Its result depends only on the data, the seed, the
+of both mixtures) ran scikit-learn's k-means and EM on the CPU wherever the model then trained:
+on the full MNIST ~140 s of a 2-core working machine and about as long inside a GPU lease, a
+quarter of CCU's share of a 10-minute call (lease of 2026-11-27: CCU's whole training, build
+included, 525 s in four lanes). On CUDA they now run on the GPU (:mod:`ccu.core.em_device`),
+and what stays on the CPU is ~10 s on MNIST; a carried fit saves that and the GPU's part. Its result depends only on the data, the seed, the
 profile and the fitting code, so ``python tools/lease.py prepare`` fits it here, before the
 lease, and the call carries the file (~15 MB on MNIST); :meth:`ccu.methods.ccu_method.CCUMethod.build`
 loads it instead of fitting when ``CCU_INIT_DIR`` holds one whose :func:`init_key` matches,

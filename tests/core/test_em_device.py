@@ -111,12 +111,70 @@ def test_em_fit_warns_as_sklearn_when_em_stops_unconverged(digits):
     assert len(caught) == 2  # scikit-learn's, then the torch engine's
 
 
-def test_em_fit_refuses_sklearn_off_the_cpu_and_unknown_engines(digits):
-    x = torch.as_tensor(digits[:50])
+def test_em_fit_runs_torch_on_cuda_only_and_sklearn_elsewhere(digits, monkeypatch):
+    """The torch engine for eq. (4)'s and the diagonal covariances on CUDA; scikit-learn on
+    the CPU for any other device (MPS has no float64: CCU built there before, and still does)
+    and any other covariance type (a family of one's own); an unknown engine is refused."""
+    import ccu.core.gmm as gmm
+
+    x = torch.as_tensor(digits[:200])
     metric = Mahalanobis.fit(x)
-    for device, engine in (("meta", "sklearn"), ("cpu", "cuml")):
-        with pytest.raises(ValueError, match="engine must be"):
-            em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, device=device, engine=engine)
+    want = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False)
+    got = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, device="meta")
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    em_fit(x, metric, 0, 3, "full", 5, 1e-6, False, device="cuda")  # scikit-learn's, here
+    with pytest.raises(ValueError, match="engine must be"):
+        em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, engine="cuml")
+
+    class TorchEngine(Exception):
+        pass
+
+    def whitened_on(x, metric, n_components, device=None):
+        raise TorchEngine(str(device))
+
+    monkeypatch.setattr(gmm, "_whitened_data", whitened_on)
+    for covariance_type in em_device.COVARIANCE_TYPES:
+        with pytest.raises(TorchEngine, match="cuda"):
+            em_fit(x, metric, 0, 3, covariance_type, 5, 1e-6, False, device="cuda")
+
+
+def test_an_empty_cluster_keeps_the_biggest_clusters_centre():
+    """scikit-learn's _average_centers: a cluster left empty takes the biggest cluster's centre,
+    averaged in index order (checked against scikit-learn 1.9.1's Lloyd step)."""
+    # no point farther than 0 from its centre: nothing to move; cluster 0, before the biggest
+    # (2), gets its sum (4), not its mean
+    x = torch.tensor([[2.0], [2.0], [5.0]], dtype=torch.float64)
+    old = torch.tensor([[9.0], [5.0], [2.0]], dtype=torch.float64)
+    got = em_device._cluster_means(x, torch.tensor([2, 2, 1]), old)
+    assert got.flatten().tolist() == [4.0, 5.0, 2.0]
+    # cluster 1's one point moves to the empty cluster 2, which drains cluster 1: after the
+    # biggest (0), it gets its mean
+    x = torch.tensor([[0.0], [1.0], [10.0]], dtype=torch.float64)
+    old = torch.tensor([[0.5], [4.0], [50.0]], dtype=torch.float64)
+    got = em_device._cluster_means(x, torch.tensor([0, 0, 1]), old)
+    assert got.flatten().tolist() == [0.5, 0.5, 10.0]
+
+
+def test_ccu_fits_its_mixtures_on_its_own_device(monkeypatch):
+    """CCUMethod hands init_ccu the device it trains on (so the GPU runs k-means and EM)."""
+    import ccu.methods.ccu_method as ccu_method
+    from ccu.methods import get_method
+    from ccu.run.config import get_profile, train_settings
+    from ccu.run.experiment import run_data
+
+    class Handed(Exception):
+        pass
+
+    def init_ccu_seen(*args, **kwargs):
+        raise Handed(str(kwargs.get("device")))
+
+    monkeypatch.setattr(ccu_method, "init_ccu", init_ccu_seen)
+    prof = get_profile("smoke", "digits", epochs=1, n_train=100)
+    data = run_data("digits", prof, 0)
+    method = get_method("CCU")(data.spec, train_settings("digits"), prof, seed=0, device="cuda")
+    with pytest.raises(Handed, match="cuda"):
+        method.fit_initial(torch.nn.Linear(64, 10), data)
 
 
 def test_init_ccu_hands_the_device_only_to_fits_that_name_it(digits):
