@@ -89,14 +89,16 @@ def em_fit(
     ``(means, log variances, log weights)`` as numpy arrays.
 
     On a CUDA ``device`` (the GPU CCU trains on), the same k-means and EM run there in torch
-    (:mod:`ccu.core.em_device`: scikit-learn's steps, equal to its fit up to float roundoff),
-    the data whitened there too; elsewhere (the CPU; MPS, which has no float64) and for other
+    (:mod:`ccu.core.em_device`: scikit-learn's steps, equal to its fit up to float roundoff,
+    checked there first: :func:`ccu.core.em_device.agrees_with_sklearn`), the data whitened
+    there too; elsewhere (the CPU; MPS, which has no float64) and for other
     covariance types, scikit-learn runs on the CPU. ``engine`` (``"sklearn"``, or ``"torch"``
     on ``device``) overrides that choice."""
     device = torch.device("cpu" if device is None else device)
-    if engine is None:
+    if engine is None:  # the GPU's, once it gave scikit-learn's fit on a check problem there
         on_gpu = device.type == "cuda" and covariance_type in em_device.COVARIANCE_TYPES
-        engine = "torch" if on_gpu else "sklearn"
+        checked = on_gpu and em_device.agrees_with_sklearn(str(device), covariance_type)
+        engine = "torch" if checked else "sklearn"
     if engine not in ("sklearn", "torch"):
         raise ValueError(f"engine must be 'sklearn' or 'torch'; got {engine!r}.")
     if engine == "sklearn":

@@ -134,9 +134,40 @@ def test_em_fit_runs_torch_on_cuda_only_and_sklearn_elsewhere(digits, monkeypatc
         raise TorchEngine(str(device))
 
     monkeypatch.setattr(gmm, "_whitened_data", whitened_on)
+    monkeypatch.setattr(em_device, "agrees_with_sklearn", lambda device, cov: True)
     for covariance_type in em_device.COVARIANCE_TYPES:
         with pytest.raises(TorchEngine, match="cuda"):
             em_fit(x, metric, 0, 3, covariance_type, 5, 1e-6, False, device="cuda")
+
+
+def test_a_device_whose_fit_fails_the_check_leaves_it_to_sklearn(digits, monkeypatch):
+    """Checked on the device before it is trusted: a device whose k-means and EM do not give
+    scikit-learn's fit on the check problem (here: EM's means off by 1e-6), or raise there,
+    is not used; em_fit fits with scikit-learn on the CPU instead, and says so once."""
+    real_em = em_device.em
+
+    def em_off(*args, **kwargs):
+        fit = real_em(*args, **kwargs)
+        return em_device.MixtureFit(
+            fit.means + 1e-6, fit.variances, fit.weights, fit.n_iter, fit.converged
+        )
+
+    em_device.agrees_with_sklearn.cache_clear()
+    assert em_device.agrees_with_sklearn("cpu", "spherical")
+    monkeypatch.setattr(em_device, "em", em_off)
+    em_device.agrees_with_sklearn.cache_clear()
+    with pytest.warns(RuntimeWarning, match="scikit-learn fits them on the CPU instead"):
+        assert not em_device.agrees_with_sklearn("cpu", "diag")
+    with pytest.warns(RuntimeWarning, match="RuntimeError"):  # no CUDA here: raises
+        assert not em_device.agrees_with_sklearn("cuda", "spherical")
+    # em_fit on such a device: scikit-learn's fit, on the CPU (CUDA is never touched here)
+    x = torch.as_tensor(digits[:200])
+    metric = Mahalanobis.fit(x)
+    want = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False)
+    got = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, device="cuda")
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    em_device.agrees_with_sklearn.cache_clear()
 
 
 def test_an_empty_cluster_keeps_the_biggest_clusters_centre():
