@@ -1204,13 +1204,18 @@ TIME_ORDER = ("CCU", "Base", "OE", "EDL", "DE", "MCD", "GAN", "ACET", "ACET2")
 
 def to_time(dataset: str, methods: list[str]) -> list[str]:
     """The methods of ``methods`` that call 0 times alone on ``dataset``: on MNIST those of
-    :data:`ALONE` (COST_S measured the others in a lease), elsewhere every one of
+    :data:`ALONE` (COST_S measured the others in a lease), elsewhere those of
     :data:`TIME_ORDER` (no lease has measured a run there), in that order, less those whose
     epoch ``dataset``'s committed benchmark (:func:`epochs_bench`) already holds: a call 0 cut
-    short, or failed for a method, is completed by the next."""
+    short, or failed for a method, is completed by the next. Elsewhere, while one of
+    :data:`FIRST` is among ``methods`` (not committed), only those: the lease's time goes to
+    running them (issue 39's order), and the rest, planned from estimates meanwhile, are timed
+    by a call 0 once CCU, Base and OE are committed."""
     if dataset == "digits":
         return []
     wanted = {method_of(m) for m in methods}
+    if dataset not in COST_DATASETS and wanted & set(FIRST):
+        wanted &= set(FIRST)
     order = ALONE if dataset in COST_DATASETS else TIME_ORDER
     return [
         m for m in order if m in wanted and "full_epoch_s" not in _timed_alone(m, dataset=dataset)
@@ -1225,7 +1230,7 @@ def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, st
     against the eager step), so the benchmark of the inner attack's own graphs
     (``bench_acet_graphs.py``, now their fallback; :func:`graphed_train_seconds` when it is
     committed) spends no device time of a lease. ``(command, what it measures, the files it
-    writes)``, or None when nothing is to measure."""
+    writes, the methods it times)``, or None when nothing is to measure."""
     steps, what, files = [], [], []
     alone = to_time(dataset, [*too_long, *planned])
     if alone:
@@ -1239,7 +1244,7 @@ def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, st
         )
         what.append(f"an epoch and the attack of {', '.join(alone)}, each alone")
         files.append(bench)
-    return ("; ".join(steps), "; ".join(what), files) if steps else None
+    return ("; ".join(steps), "; ".join(what), files, alone) if steps else None
 
 
 #: the ignored folder ``tools/pack_data.py`` packs each dataset's data into, to carry
@@ -1321,9 +1326,19 @@ def balls_travel(dataset: str) -> bool:
 
 
 #: call 0's (timeout_s, expected seconds): on MNIST five methods on LeNet and VGG13 (~150 s);
-#: elsewhere up to nine, on ResNet18 (on 2 CPU cores an FMNIST CCU and Base took 150 s for two
-#: batches each: not a GPU's measure, so the room is generous)
-ZERO_S = {"mnist": (300, 150), None: (480, 300)}
+#: elsewhere ZERO_FIXED_S + ZERO_METHOD_S a method, on ResNet18 (~300 s for nine; on 2 CPU
+#: cores an FMNIST CCU and Base took 150 s for two batches each: not a GPU's measure, so the
+#: room is generous: the timeout ZERO_ROOM times that, at most 480 s)
+ZERO_S = {"mnist": (300, 150)}
+ZERO_FIXED_S, ZERO_METHOD_S, ZERO_ROOM = 30, 30, 1.6
+
+
+def zero_seconds(dataset: str, n_methods: int) -> tuple[int, int]:
+    """Call 0's ``(timeout_s, expected seconds)`` on ``dataset`` timing ``n_methods``."""
+    if dataset in ZERO_S:
+        return ZERO_S[dataset]
+    work = ZERO_FIXED_S + ZERO_METHOD_S * n_methods
+    return min(480, int(math.ceil(work * ZERO_ROOM))), work
 
 
 def grid_label(args) -> tuple[str, dict]:
@@ -1459,8 +1474,8 @@ def print_plan(args) -> int:
         print(f"(the data of {args.dataset}, {len(parts)} parts, is assumed gathered on the warm "
               "machine; if it went cold, plan again without --warm)")  # fmt: skip
     if zero and not unpacked:
-        command, what, files = zero
-        timeout, work = ZERO_S.get(args.dataset, ZERO_S[None])
+        command, what, files, timed = zero
+        timeout, work = zero_seconds(args.dataset, len(timed))
         print(f"call 0 (first: {what}): command \"{command}\", carry {json.dumps(carry)}, "
               f"timeout_s {timeout}   (~{work} s; the benchmark is written after each method: "
               "what finished comes back if it is cut short)")  # fmt: skip
@@ -1585,8 +1600,11 @@ def print_plan(args) -> int:
     guessed = [m for m in ALL if m not in done and not measured_on(m, args.dataset)]
     if guessed:
         timed = epochs_bench(args.dataset)
-        how = ("call 0 times them" if zero
-               else f"its call 0 ({_shown(timed)}) has no numbers for them")  # fmt: skip
+        times = zero[3] if zero else []
+        rest = [m for m in guessed if m not in times]
+        how = (("call 0 times them" if not rest else
+                f"call 0 times {', '.join(times)}; the rest once CCU, Base and OE are committed")
+               if zero else f"its call 0 ({_shown(timed)}) has no numbers for them")  # fmt: skip
         print(f"(not measured on {args.dataset}: {', '.join(guessed)}, planned from MNIST's "
               f"runs scaled by {_shown(NETWORK_BENCH)}'s epochs of {args.dataset}'s network; "
               f"{how})")  # fmt: skip
