@@ -173,8 +173,9 @@ def built_once(tmp_path_factory, name: str, build):
     return folder
 
 
-#: a checkpoint's history fields that time the training or say how its processes fell
-CHECKPOINT_CLOCK = {"seconds", "resumed_at"}
+#: a checkpoint's fields that time the training or say how its processes fell (its history's,
+#: and CCU's build record's seconds)
+CHECKPOINT_CLOCK = {"seconds", "resumed_at", "build_seconds"}
 
 
 def checkpoint_content(path) -> object:

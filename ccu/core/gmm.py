@@ -95,10 +95,7 @@ def em_fit(
     covariance types, scikit-learn runs on the CPU. ``engine`` (``"sklearn"``, or ``"torch"``
     on ``device``) overrides that choice."""
     device = torch.device("cpu" if device is None else device)
-    if engine is None:  # the GPU's, once it gave scikit-learn's fit on a check problem there
-        on_gpu = device.type == "cuda" and covariance_type in em_device.COVARIANCE_TYPES
-        checked = on_gpu and em_device.agrees_with_sklearn(str(device), covariance_type)
-        engine = "torch" if checked else "sklearn"
+    engine = engine or em_engine(device, covariance_type)
     if engine not in ("sklearn", "torch"):
         raise ValueError(f"engine must be 'sklearn' or 'torch'; got {engine!r}.")
     if engine == "sklearn":
@@ -144,6 +141,20 @@ def em_fit(
     return means, np.log(variances), log_weights - np.logaddexp.reduce(log_weights)
 
 
+def em_engine(device, covariance_type: str) -> str:
+    """Which engine :func:`em_fit` runs on ``device`` by itself: ``"torch"`` on CUDA for the
+    covariances :mod:`ccu.core.em_device` fits, once it gave scikit-learn's fit on a check
+    problem there (:func:`ccu.core.em_device.agrees_with_sklearn`), else ``"sklearn"``.
+
+    >>> em_engine("cpu", "spherical")
+    'sklearn'
+    """
+    device = torch.device("cpu" if device is None else device)
+    on_gpu = device.type == "cuda" and covariance_type in em_device.COVARIANCE_TYPES
+    checked = on_gpu and em_device.agrees_with_sklearn(str(device), covariance_type)
+    return "torch" if checked else "sklearn"
+
+
 class FittedByEM:
     """Mixtures whose starting point is k-means + EM in the metric's whitened space
     (:func:`em_fit`) with scikit-learn's ``covariance_type`` :attr:`em_covariance`: the paper's
@@ -178,7 +189,11 @@ class FittedByEM:
             x, metric, seed, n_components, cls.em_covariance, max_iter, reg_covar, verbose,
             device,
         )  # fmt: skip
-        return cls.from_em(means, log_var, log_w, metric)
+        density = cls.from_em(means, log_var, log_w, metric)
+        # how it was fitted (CCUMethod records it): scikit-learn's on the CPU, or torch's where
+        engine = em_engine(device, cls.em_covariance)
+        density.fitted_by = "scikit-learn on cpu" if engine == "sklearn" else f"torch on {device}"
+        return density
 
 
 @register_density("gmm")

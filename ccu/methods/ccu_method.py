@@ -14,6 +14,7 @@ with it.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -80,11 +81,15 @@ class CCUMethod(BaseMethod):
     #: where the initial fit came from: "fitted" here, or the carried file's name
     #: (:mod:`ccu.methods.prefit`); recorded in the run's config as ``initial_fit``
     initial_fit = "fitted"
+    #: how the build went (:meth:`training_record`): None until built (and when resumed)
+    build_record: dict | None = None
 
     def build(self, data) -> None:
         """The CCU model for ``data``: the classifier drawn from the seed, the metric and both
         mixtures fitted (:func:`ccu.init_ccu`), or loaded from a carried initial fit of the same
-        inputs (:func:`ccu.methods.prefit.find_init`: ``CCU_INIT_DIR``, ``tools/lease.py prepare``)."""
+        inputs (:func:`ccu.methods.prefit.find_init`: ``CCU_INIT_DIR``, ``tools/lease.py prepare``).
+        How it went is recorded in the run's config (:meth:`training_record`)."""
+        start = time.perf_counter()
         torch.manual_seed(self.seed)
         clf = self._classifier()
         inputs = prefit.init_inputs(self, data) if os.environ.get(prefit.INIT_DIR_ENV) else None
@@ -98,8 +103,29 @@ class CCUMethod(BaseMethod):
                     "`python tools/lease.py prepare` again."
                 )
             self.initial_fit = carried["path"].name
+            self._built(start, None)
             return
         self.model = self.fit_initial(clf, data)
+        fitted_by = {
+            getattr(d, "fitted_by", None) for d in (self.model.density_in, self.model.density_out)
+        }
+        self._built(start, fitted_by.pop() if len(fitted_by) == 1 else sorted(map(str, fitted_by)))
+
+    def _built(self, start: float, fitted_by) -> None:
+        self.build_record = {
+            "from": self.initial_fit,
+            # scikit-learn's on the CPU, torch's on the GPU (ccu.core.em_device), or None: a
+            # family's own fit, or the carried file's (made by `tools/lease.py prepare`)
+            "fitted_by": fitted_by,
+            "build_seconds": round(time.perf_counter() - start, 1),
+        }
+
+    def training_record(self) -> dict:
+        """``initial_fit``: where CCU's initial fit came from (``"fitted"`` or the carried
+        file), what fitted the mixtures, and the build's ``build_seconds``; a run resumed from
+        its epoch checkpoint keeps the record of the build it began with."""
+        own = {"initial_fit": self.build_record} if self.build_record else {}
+        return {**super().training_record(), **own}
 
     def fit_initial(self, clf, data) -> CCU:
         """The metric and both mixtures fitted to ``data`` around ``clf`` (:func:`ccu.init_ccu`)."""
@@ -136,8 +162,10 @@ class CCUMethod(BaseMethod):
 
     def checkpoint_info(self) -> dict:
         """The density family and shapes (as in :meth:`state_dict`): a resumed run builds an
-        empty model from them (:meth:`build_for_resume`) instead of refitting the mixtures."""
-        return {"densities": self._densities_info()}
+        empty model from them (:meth:`build_for_resume`) instead of refitting the mixtures;
+        and the build's record, which the resumed run's config keeps (:meth:`training_record`)."""
+        own = {"initial_fit": self.build_record} if self.build_record else {}
+        return {"densities": self._densities_info(), **own}
 
     def build_for_resume(self, checkpoint) -> bool:
         """An empty CCU model (:meth:`skeleton`) for the epoch checkpoint at ``checkpoint``,
@@ -151,6 +179,7 @@ class CCUMethod(BaseMethod):
         if info is None:
             return False
         self.skeleton({"densities": info})
+        self.build_record = (state.get("method_info") or {}).get("initial_fit")
         self._resumed = True
         return True
 

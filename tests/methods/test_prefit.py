@@ -45,6 +45,11 @@ def test_a_carried_fit_builds_the_same_model_as_fitting_here(carried, monkeypatc
     fitted, data = _built(0, None, monkeypatch)
     loaded, _ = _built(0, folder, monkeypatch)
     assert fitted.initial_fit == "fitted" and loaded.initial_fit == path.name
+    # the run's config says where the fit came from, what fitted it, and the build's seconds
+    made, took = fitted.training_record()["initial_fit"], loaded.training_record()["initial_fit"]
+    assert (made["from"], made["fitted_by"]) == ("fitted", "scikit-learn on cpu")
+    assert (took["from"], took["fitted_by"]) == (path.name, None)
+    assert made["build_seconds"] >= 0 and took["build_seconds"] >= 0
     a, b = fitted.model.state_dict(), loaded.model.state_dict()
     assert a.keys() == b.keys()
     for k in a:  # the classifier drawn from the seed, the densities from the file: all equal

@@ -63,7 +63,7 @@ def smoke_pipeline(root: str, kill: str, small: str) -> int:
 SMALL = {"epochs": 3, "n_centres": 10, "attack_steps": 5, "attack_restarts": 2}
 LABEL = get_profile("smoke", **SMALL).label
 #: what times a run, or says how its processes fell (a resumed training: where it resumed)
-TIMING = {"train_seconds", "wall_seconds", "attack_seconds", "resumed_at_epochs"}
+TIMING = {"train_seconds", "wall_seconds", "attack_seconds", "resumed_at_epochs", "build_seconds"}
 #: the same in a checkpoint's history: each epoch's seconds, the epochs it was resumed at
 HISTORY_TIMING = CHECKPOINT_CLOCK
 
