@@ -835,7 +835,8 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     ``reduce``: a method too long for a lease even alone runs as the reduced variant that
     fits this lease's first call (:func:`reduced_token`, ``MCD@50``: label ``paper-e50``, its
     own folder, attacked in this label's balls); without it, such a method is only named in
-    ``too_long``. A method committed as a variant in this label's balls
+    ``too_long``; ``"measured"``: only those measured on ``dataset`` (:func:`measured_on`: a
+    variant's label is for good, never sized from another network's estimates). A method committed as a variant in this label's balls
     (:func:`variant_parts`) counts as done while it does not fit a lease whole. ``epochs``:
     the epochs of ``label``'s profile (a grid planned at fewer, ``plan --epochs``), by which
     every method's training is scaled; costs are ``dataset``'s (:func:`train_cost`).
@@ -890,6 +891,8 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
     if reduce:
         first = call_limit(budget_s - start - reserve_s)
         for m in list(too_long):
+            if reduce == "measured" and not measured_on(m, dataset):
+                continue
             token = reduced_token(m, first, inflight, dataset, epochs)
             if token is None:
                 continue
@@ -1222,7 +1225,9 @@ def to_time(dataset: str, methods: list[str]) -> list[str]:
     ]
 
 
-def call_zero(dataset: str, too_long: dict, planned: list[str]) -> tuple[str, str, list] | None:
+def call_zero(
+    dataset: str, too_long: dict, planned: list[str]
+) -> tuple[str, str, list, list] | None:
     """The call that measures before the lease plans the long methods: each method
     :func:`to_time` names timed alone for an epoch and its attack (``bench_epochs.py``, ~60 s
     on MNIST), while ``dataset``'s benchmark is missing; ACET's and ACET2's epochs there run
@@ -1424,7 +1429,8 @@ def print_plan(args) -> int:
     # reduced whole (--epochs), whose label a variant's could be
     paper = args.profile == "paper" and not args.epochs
     if (not zero or args.reduce) and too_long and not problem and paper:
-        calls, later, too_long, problem = planned(reduce=True)
+        # sized from measurements only, unless asked (--reduce: call 0 failed)
+        calls, later, too_long, problem = planned(reduce=True if args.reduce else "measured")
         if args.reduce:
             zero = None  # the variants are sized from what is known: no call 0 before them
     if problem:
@@ -1575,6 +1581,14 @@ def print_plan(args) -> int:
             what = ("a grid reduced whole has no variants (their labels could be another "
                     "grid's): " + (f"it fits a lease at {n} epochs, the grid with it" if n >= 5
                                    else "not even 5 epochs of it fit a lease"))  # fmt: skip
+        elif not zero and not measured_on(m, args.dataset):
+            now = (f"now it would be {m}@{n}, its own label, never shown as {label}" if n >= 5
+                   else "now not even 5 epochs of it would fit a lease")  # fmt: skip
+            what = (
+                f"not measured on {args.dataset} yet: its reduced variant is sized once a call "
+                f"0 has timed it (after CCU, Base and OE are committed), never from the "
+                f"estimates ({now})"
+            )
         elif n < 5:
             what = "no reduced variant of at least 5 epochs fits a lease either"
         elif zero:
@@ -1582,6 +1596,7 @@ def print_plan(args) -> int:
                 "after call 0 and its absorb, plan again: the reduced variant that then fits is "
                 f"planned (now it would be {m}@{n}, its own label, never shown as {label})"
             )
+
         else:
             what = (f"no reduced variant of at least 5 epochs fits this lease's first call (in a "
                     f"whole lease: {m}@{n}, its own label)")  # fmt: skip
@@ -1601,7 +1616,7 @@ def print_plan(args) -> int:
     if guessed:
         timed = epochs_bench(args.dataset)
         times = zero[3] if zero else []
-        rest = [m for m in guessed if m not in times]
+        rest = [m for m in guessed if m not in times and not needs_base(m)]  # ODIN, Maha: Base's
         how = (("call 0 times them" if not rest else
                 f"call 0 times {', '.join(times)}; the rest once CCU, Base and OE are committed")
                if zero else f"its call 0 ({_shown(timed)}) has no numbers for them")  # fmt: skip

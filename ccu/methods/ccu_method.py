@@ -106,6 +106,7 @@ class CCUMethod(BaseMethod):
             self._built(start, None)
             return
         self.model = self.fit_initial(clf, data)
+        self.initial_fit = "fitted"  # (an object built from a carried fit before says so no more)
         fitted_by = {
             getattr(d, "fitted_by", None) for d in (self.model.density_in, self.model.density_out)
         }

@@ -15,7 +15,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGMM
 
 from ccu.core import em_device
-from ccu.core.gmm import em_fit
+from ccu.core.gmm import em_engine, em_fit
 from ccu.core.initialisation import init_ccu
 from ccu.core.metric import Mahalanobis
 
@@ -140,11 +140,23 @@ def test_em_fit_runs_torch_on_cuda_only_and_sklearn_elsewhere(digits, monkeypatc
             em_fit(x, metric, 0, 3, covariance_type, 5, 1e-6, False, device="cuda")
 
 
-def test_a_device_whose_fit_fails_the_check_leaves_it_to_sklearn(digits, monkeypatch):
+@pytest.fixture
+def no_checks_made():
+    """The device checks of this process forgotten before and after (em_device.CHECKED)."""
+    em_device.CHECKED.clear()
+    yield
+    em_device.CHECKED.clear()
+
+
+def test_a_device_whose_fit_fails_the_check_leaves_it_to_sklearn(
+    digits, monkeypatch, no_checks_made
+):
     """Checked on the device before it is trusted: a device whose k-means and EM do not give
     scikit-learn's fit on the check problem (here: EM's means off by 1e-6), or raise there,
-    is not used; em_fit fits with scikit-learn on the CPU instead, and says so once."""
-    real_em = em_device.em
+    is not used; em_fit fits with scikit-learn on the CPU instead, and says so once. A device
+    out of memory for now is asked again next time, not written off."""
+    assert em_device.agrees_with_sklearn("cpu", "spherical")
+    real_em, real_kmeans = em_device.em, em_device.kmeans_labels
 
     def em_off(*args, **kwargs):
         fit = real_em(*args, **kwargs)
@@ -152,22 +164,33 @@ def test_a_device_whose_fit_fails_the_check_leaves_it_to_sklearn(digits, monkeyp
             fit.means + 1e-6, fit.variances, fit.weights, fit.n_iter, fit.converged
         )
 
-    em_device.agrees_with_sklearn.cache_clear()
-    assert em_device.agrees_with_sklearn("cpu", "spherical")
     monkeypatch.setattr(em_device, "em", em_off)
-    em_device.agrees_with_sklearn.cache_clear()
     with pytest.warns(RuntimeWarning, match="scikit-learn fits them on the CPU instead"):
         assert not em_device.agrees_with_sklearn("cpu", "diag")
-    with pytest.warns(RuntimeWarning, match="RuntimeError"):  # no CUDA here: raises
-        assert not em_device.agrees_with_sklearn("cuda", "spherical")
-    # em_fit on such a device: scikit-learn's fit, on the CPU (CUDA is never touched here)
+    assert em_device.CHECKED[("cpu", "diag")] is False  # once: not checked again
+    monkeypatch.setattr(em_device, "em", real_em)
+
+    def raising(error):
+        def kmeans(*args, **kwargs):
+            raise error("no such kernel")
+
+        return kmeans
+
+    for error, kept in ((RuntimeError, True), (torch.cuda.OutOfMemoryError, False)):
+        em_device.CHECKED.clear()
+        monkeypatch.setattr(em_device, "kmeans_labels", raising(error))
+        with pytest.warns(RuntimeWarning, match=error.__name__):
+            assert not em_device.agrees_with_sklearn("cpu", "spherical")
+        assert (("cpu", "spherical") in em_device.CHECKED) is kept
+    monkeypatch.setattr(em_device, "kmeans_labels", real_kmeans)
+    # em_fit on a device that failed: scikit-learn's fit, on the CPU (CUDA is never touched)
+    em_device.CHECKED[("cuda", "spherical")] = False
     x = torch.as_tensor(digits[:200])
     metric = Mahalanobis.fit(x)
     want = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False)
     got = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, device="cuda")
     for a, b in zip(want, got, strict=True):
         np.testing.assert_array_equal(a, b)
-    em_device.agrees_with_sklearn.cache_clear()
 
 
 def test_an_empty_cluster_keeps_the_biggest_clusters_centre():
@@ -242,3 +265,5 @@ def test_em_fit_on_cuda_is_sklearns(digits, covariance_type):
     sk, fit, _ = _both_engines(x, metric, 3, 30, covariance_type, 100, device="cuda")
     for a, b in zip(sk, fit, strict=True):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-8)
+    # and em_fit picks the GPU's engine by itself there: its check passes
+    assert em_engine("cuda", covariance_type) == "torch"

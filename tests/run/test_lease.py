@@ -547,6 +547,12 @@ def test_another_dataset_is_timed_in_its_own_call_0_and_its_ccu_is_never_a_varia
     # planned from estimates meanwhile)
     assert "bench_epochs.py" not in said and "lease_run.sh fmnist CCU" in said
     assert "waiting for CCU's balls" not in said
+    # ... and no reduced variant of a method never timed there (its label is for good): MCD,
+    # GAN, ACET and ACET2 wait for their call 0 (DE, timed, may run as one)
+    calls = [line for line in said.splitlines() if line.startswith("call ")]
+    never_timed = ("MCD", "GAN", "ACET", "ACET2")
+    assert calls and not any(f" {m}@" in line for line in calls for m in never_timed), calls
+    assert said.count("not measured on fmnist yet: its reduced variant is sized once") == 4
     # once CCU, Base and OE are committed (not among the methods left), the next call 0 times
     # the methods it did not time
     rest = [m for m in lease.ALL if m not in lease.FIRST]
