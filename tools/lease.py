@@ -939,7 +939,13 @@ def plan(dataset, reference, label="paper", budget_s=900, jobs=4, reserve_s=60, 
         variants = [u for u in rest if epochs_of(u[0][0]) is not None and call.gpu(u)]
         taken = []  # variants placed with fewer epochs (as their smaller selves)
         for unit in sorted(rest, key=first_then_biggest):
-            if unit not in variants and not call.place(unit) and not ready:
+            if unit in variants or call.place(unit):
+                continue
+            cut = placed_head(unit, call, ccu_init, dataset, epochs)
+            if cut:  # Base here with what of its lane fits, the rest training Base again later
+                i = pending.index(unit)
+                pending[i : i + 1] = cut
+            elif not ready:
                 call.span(unit, False)  # not in CCU's call: its balls come too late for a plan
         # reduced variants from graphed epochs last, sized together: all at the same share of
         # the epochs each would have alone (a multiple of 5, down to half), else each as it fits
@@ -1164,6 +1170,21 @@ def first_then_biggest(unit) -> tuple[bool, int]:
     (issue 39's order on FMNIST and CIFAR-10; on MNIST they ran first), then the biggest."""
     group, train, attack = unit
     return not {method_of(m) for m in group} & set(FIRST), -(train + attack)
+
+
+def placed_head(unit, call, ccu_init: bool, dataset: str, epochs: int):
+    """Base's lane (``[Base, ODIN, Maha]``) that does not fit ``call`` whole: the longest head
+    of it that does, placed in the call (Base first: issue 39 runs it before the others), and
+    ``[head, rest]``, the rest a unit that trains Base again (:func:`units`); None when not
+    even Base alone fits, or for any other unit."""
+    group = unit[0]
+    if group[0] != "Base" or len(group) < 2:
+        return None
+    for k in range(len(group) - 1, 0, -1):
+        head = units(group[:k], ccu_init, dataset, epochs)[0]
+        if call.place(head):
+            return [head, *units(group[k:], ccu_init, dataset, epochs)]
+    return None
 
 
 def split_base(group: list[str], whole: int, ccu_init: bool, dataset: str, epochs: int):

@@ -572,6 +572,28 @@ def test_another_dataset_is_timed_in_its_own_call_0_and_its_ccu_is_never_a_varia
     assert sorted(planned) == sorted(lease.ALL)
 
 
+def test_base_runs_in_the_first_call_even_where_its_whole_lane_does_not(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 39's first three in the first call: Base's lane (Base with ODIN, cut for a lease)
+    too long for this call runs Base here, with what of the lane fits, and the rest later
+    (training Base again). Before, Base and ODIN waited for a later lease while EDL and MCD
+    ran (FMNIST at 25 epochs, its two data calls and call 0 in the same lease, at the
+    estimates)."""
+    monkeypatch.setattr(lease, "DEVDATA", tmp_path / "devdata")
+    monkeypatch.setattr(lease, "init_dir", lambda dataset: tmp_path / "init" / dataset)
+    for k in (1, 2):  # FMNIST's data: two parts, two data calls
+        (tmp_path / "devdata" / "fmnist" / f"part-{k}").mkdir(parents=True)
+    plan = ["plan", "--dataset", "fmnist", "--reference", str(tmp_path / "ref"), "--jobs", "5",
+            "--budget-s", "800", "--epochs", "25"]  # fmt: skip
+    assert lease.main(plan) == 0
+    said = capsys.readouterr().out
+    first = next(line for line in said.splitlines() if line.startswith("call 1:"))
+    lanes = first.split("lease_run.sh fmnist ")[1].split('"')[0].split(" / ")
+    assert {"CCU", "Base", "OE"} <= {m for lane in lanes for m in lane.split()}, lanes
+    assert "Base" in lanes and "for a later lease: ODIN, Maha" in said
+
+
 def test_data_in_several_parts_is_carried_one_part_a_call_before_the_others(
     tmp_path, monkeypatch, capsys
 ):
