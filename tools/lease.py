@@ -112,13 +112,38 @@ CCU_BUILD_CPU_S = {784: 10.3, 3072: 47.1}
 CCU_BUILD_GPU_S = 10
 
 
+#: where the committed runs are whose builds :func:`measured_build_s` reads
+BUILDS_FROM = REPO / "reference-results"
+
+
+def measured_build_s(dataset: str) -> float | None:
+    """The longest build of CCU fitted on the GPU that a committed part of ``dataset``
+    records (any label: its config's ``initial_fit``, written since 2026-11-28: ``from``
+    "fitted", ``fitted_by`` torch on CUDA, ``build_seconds``); None when none does."""
+    seen = []
+    for config in sorted(BUILDS_FROM.glob(f"*/{dataset}/CCU.config.json")):
+        try:
+            fit = json.loads(config.read_text()).get("initial_fit") or {}
+        except (OSError, ValueError):
+            continue
+        if fit.get("from") == "fitted" and str(fit.get("fitted_by", "")).startswith(
+            "torch on cuda"
+        ):
+            seen.append(float(fit["build_seconds"]))
+    return max(seen, default=None)
+
+
 def ccu_build_s(dataset: str) -> int:
     """Seconds of CCU's build on ``dataset`` (its fit, when not carried): on the datasets of
     :data:`COST_S` its measured :data:`CCU_BUILD_S` (of the build before its EM ran on the
-    GPU: an upper bound now, kept since COST_S's CCU holds it); elsewhere its CPU part
-    (:data:`CCU_BUILD_CPU_S`, by the input dimension) plus :data:`CCU_BUILD_GPU_S`."""
+    GPU: an upper bound now, kept since COST_S's CCU holds it); elsewhere the longest one a
+    committed run of ``dataset`` measured on the GPU (:func:`measured_build_s`), else its CPU
+    part (:data:`CCU_BUILD_CPU_S`, by the input dimension) plus :data:`CCU_BUILD_GPU_S`."""
     if dataset in COST_DATASETS:
         return CCU_BUILD_S
+    measured = measured_build_s(dataset)
+    if measured is not None:
+        return int(math.ceil(measured))
     d = input_dim(dataset)
     known = max((k for k in CCU_BUILD_CPU_S if k <= d), default=min(CCU_BUILD_CPU_S))
     return int(math.ceil(CCU_BUILD_CPU_S[known] * max(d / known, 1.0) + CCU_BUILD_GPU_S))

@@ -51,6 +51,7 @@ def no_committed_benchmarks(monkeypatch, tmp_path):
     ``.devdata`` holds (a test that wants other parts points DEVDATA elsewhere)."""
     monkeypatch.setattr(lease, "GRAPHS_BENCH", tmp_path / "bench" / "acet_graphs_gpu.json")
     monkeypatch.setattr(lease, "EPOCHS_BENCH", tmp_path / "bench" / "epochs_mnist_gpu.json")
+    monkeypatch.setattr(lease, "BUILDS_FROM", tmp_path / "builds")  # CCU's builds: none
     for dataset in ("mnist", "fmnist", "cifar10-jpeg"):
         (tmp_path / "packed" / dataset / "part-1").mkdir(parents=True)
     monkeypatch.setattr(lease, "DEVDATA", tmp_path / "packed")
@@ -675,6 +676,29 @@ def test_a_ccu_fit_too_big_to_carry_is_left_here_and_ccu_planned_with_its_build(
     # the CPU's part of the build grows with the dimension; MNIST's is the measured one, of
     # the build before EM ran on the GPU (an upper bound)
     assert lease.CCU_BUILD_S > lease.ccu_build_s("cifar10-jpeg") > lease.ccu_build_s("fmnist")
+
+
+def test_ccus_build_is_planned_from_the_longest_a_committed_run_measured_on_the_gpu(tmp_path):
+    """Once a committed part of the dataset records CCU's build on the GPU (its config's
+    ``initial_fit``), the plan takes the longest such measurement, not the estimate; a build
+    by scikit-learn, a carried fit and an unreadable config do not count."""
+    estimate = lease.ccu_build_s("cifar10-jpeg")
+    for label, fit in (
+        ("paper-e5", {"from": "fitted", "fitted_by": "torch on cuda", "build_seconds": 71.2}),
+        ("paper-e10", {"from": "fitted", "fitted_by": "torch on cuda:0", "build_seconds": 64.0}),
+        ("paper-e15", {"from": "fitted", "fitted_by": "scikit-learn on cpu",
+                       "build_seconds": 400.0}),
+        ("paper-e20", {"from": "ccu-init-abc.pt", "fitted_by": None, "build_seconds": 900.0}),
+    ):  # fmt: skip
+        folder = tmp_path / "builds" / label / "cifar10-jpeg"
+        folder.mkdir(parents=True)
+        (folder / "CCU.config.json").write_text(json.dumps({"initial_fit": fit}))
+    (tmp_path / "builds" / "paper" / "cifar10-jpeg").mkdir(parents=True)
+    (tmp_path / "builds" / "paper" / "cifar10-jpeg" / "CCU.config.json").write_text("{not json")
+    assert lease.measured_build_s("cifar10-jpeg") == 71.2
+    assert lease.ccu_build_s("cifar10-jpeg") == 72 != estimate
+    assert lease.measured_build_s("fmnist") is None  # another dataset's: not this one's
+    assert lease.ccu_build_s("mnist") == lease.CCU_BUILD_S  # MNIST's measured one, as before
 
 
 def test_a_grid_reduced_whole_takes_the_most_epochs_that_run_the_first_methods(
