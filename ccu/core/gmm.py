@@ -99,11 +99,9 @@ def em_fit(
     if engine not in ("sklearn", "torch"):
         raise ValueError(f"engine must be 'sklearn' or 'torch'; got {engine!r}.")
     if engine == "sklearn":
-        device = torch.device("cpu")
-    start = time.perf_counter()
-    if engine == "sklearn":
         from sklearn.mixture import GaussianMixture as SkGMM
 
+        device = torch.device("cpu")
         w = _whitened_data(x, metric, n_components).numpy()
         start = time.perf_counter()
         sk = SkGMM(
@@ -117,6 +115,7 @@ def em_fit(
         means, variances, weights = sk.means_, sk.covariances_, sk.weights_
     else:
         w = _whitened_data(x, metric, n_components, device)
+        start = time.perf_counter()
         labels = em_device.kmeans_labels(w, int(n_components), seed)
         fit = em_device.em(w, labels, int(n_components), covariance_type, max_iter, reg_covar)
         if not fit.converged and max_iter > 0:  # as scikit-learn says it

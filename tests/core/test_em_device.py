@@ -111,18 +111,25 @@ def test_em_fit_warns_as_sklearn_when_em_stops_unconverged(digits):
     assert len(caught) == 2  # scikit-learn's, then the torch engine's
 
 
+def _assert_sklearns_fit_on(digits, device):
+    """em_fit on ``device`` by itself gives scikit-learn's fit on the CPU, exactly."""
+    x = torch.as_tensor(digits[:200])
+    metric = Mahalanobis.fit(x)
+    want = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False)
+    got = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, device=device)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_em_fit_runs_torch_on_cuda_only_and_sklearn_elsewhere(digits, monkeypatch):
     """The torch engine for eq. (4)'s and the diagonal covariances on CUDA; scikit-learn on
     the CPU for any other device (MPS has no float64: CCU built there before, and still does)
     and any other covariance type (a family of one's own); an unknown engine is refused."""
     import ccu.core.gmm as gmm
 
+    _assert_sklearns_fit_on(digits, "meta")
     x = torch.as_tensor(digits[:200])
     metric = Mahalanobis.fit(x)
-    want = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False)
-    got = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, device="meta")
-    for a, b in zip(want, got, strict=True):
-        np.testing.assert_array_equal(a, b)
     em_fit(x, metric, 0, 3, "full", 5, 1e-6, False, device="cuda")  # scikit-learn's, here
     with pytest.raises(ValueError, match="engine must be"):
         em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, engine="cuml")
@@ -185,12 +192,7 @@ def test_a_device_whose_fit_fails_the_check_leaves_it_to_sklearn(
     monkeypatch.setattr(em_device, "kmeans_labels", real_kmeans)
     # em_fit on a device that failed: scikit-learn's fit, on the CPU (CUDA is never touched)
     em_device.CHECKED[("cuda", "spherical")] = False
-    x = torch.as_tensor(digits[:200])
-    metric = Mahalanobis.fit(x)
-    want = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False)
-    got = em_fit(x, metric, 0, 3, "spherical", 5, 1e-6, False, device="cuda")
-    for a, b in zip(want, got, strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_sklearns_fit_on(digits, "cuda")
 
 
 def test_an_empty_cluster_keeps_the_biggest_clusters_centre():
