@@ -23,7 +23,8 @@ epochs, label ``paper-e45``, its own folder, attacked in ``paper``'s balls, neve
 that no lease holds is never a variant: the whole grid then runs at ``plan --epochs N``
 under its own label. Standard library and
 ``ccu`` only (``absorb`` rebuilds ``table1.json`` with :func:`ccu.store.reference_results.assemble_reference`).
-Exit codes: 0 done; 2 bad usage; 3 nothing to absorb; 4 an archive or a part is corrupt or
+Exit codes: 0 done; 1 ``prepare --check`` found no carried fit that matches; 2 bad usage; 3
+nothing to absorb, or ``prepare`` misses the data; 4 an archive or a part is corrupt or
 conflicts with a committed one (nothing of that call is written).
 """
 
@@ -176,7 +177,7 @@ ALONE = ("MCD", "GAN", "DE", "ACET", "ACET2")
 COST_DATASETS = ("mnist", "digits")
 #: seconds of a run outside its epochs when planned from its epoch alone: the process, the
 #: data, the scoring (ACET_FIXED_S); DE: its members' processes, its own resume and scoring;
-#: CCU: its balls and certificates (its build, :data:`CCU_BUILD_S`, is planned apart)
+#: CCU: its balls and certificates (its build, :func:`ccu_build_s`, is planned apart)
 OUTSIDE_EPOCHS_S = {"DE": 45, "CCU": 30}
 
 
@@ -299,7 +300,7 @@ def alone_train_seconds(
     """``method``'s training and scoring seconds from its epoch timed alone on the GPU (the
     committed :func:`epochs_bench` of ``dataset``; DE: one member's epoch, its members
     training at once): what it adds to the epochs (:data:`OUTSIDE_EPOCHS_S`; CCU: and its
-    build, :data:`CCU_BUILD_S`) plus 100 of them. None without the benchmark or its number for
+    build, :func:`ccu_build_s`) plus 100 of them. None without the benchmark or its number for
     ``method``. Alone: four lanes at once may be slower, which SAFETY and a training's stop
     after a saved epoch (continued in the next call) absorb."""
     timed = _timed_alone(method, bench, dataset)
@@ -1275,8 +1276,9 @@ def call_zero(
     dataset: str, too_long: dict, planned: list[str]
 ) -> tuple[str, str, list, list] | None:
     """The call that measures before the lease plans the long methods: each method
-    :func:`to_time` names timed alone for an epoch and its attack (``bench_epochs.py``, ~60 s
-    on MNIST), while ``dataset``'s benchmark is missing; ACET's and ACET2's epochs there run
+    :func:`to_time` names timed alone for an epoch and its attack (``bench_epochs.py``, ~150 s
+    on MNIST, ~120 s for CCU, Base and OE elsewhere: :func:`zero_seconds`), while
+    ``dataset``'s benchmark is missing; ACET's and ACET2's epochs there run
     as their trainings do, the whole step with its inner attack in CUDA graphs (checked
     against the eager step), so the benchmark of the inner attack's own graphs
     (``bench_acet_graphs.py``, now their fallback; :func:`graphed_train_seconds` when it is

@@ -144,8 +144,10 @@ if [ -d "$init" ]; then
 fi
 # every 10 epochs a line of how far each training got: a call cut short still measures
 export CCU_EPOCH_LOG=${CCU_EPOCH_LOG:-10}
-# a call never resumes a training (no weights travel): epoch checkpoints every 25 epochs and
-# after the last (DE's own training resumes its members from their last), not after each
+# epoch checkpoints every 25 epochs and after the last, not after each (speed: no weights
+# travel between leases); a training that stops for time (above) saves the epoch it stops
+# after all the same, which the next call of the lease continues from (DE's own training
+# resumes its members from their last)
 export CCU_CHECKPOINT_EVERY=${CCU_CHECKPOINT_EVERY:-25}
 
 adv=$CCU_RESULTS/$label/$ds/seed0/adversarial

@@ -1,10 +1,11 @@
 """The mixtures' initial fit (k-means, then EM) on a torch device: scikit-learn's algorithms,
 step for step, where the training runs (the GPU).
 
-The paper's mixtures start from k-means + EM (Appendix B; :func:`ccu.core.gmm.em_fit` runs
-them with scikit-learn). On the CPU they take most of CCU's build: measured here on 2 threads,
-EM 115 s of MNIST's 209 s, and k-means 130 s (199 Lloyd iterations) of CIFAR-10's 375 s, on
-whitened data the GPU holds anyway. Written by hand because the library cannot run them there
+The paper's mixtures start from EM (Section 4, "Experiments"), which scikit-learn starts from
+k-means (``init_params="kmeans"``; :func:`ccu.core.gmm.em_fit` runs them with scikit-learn).
+On the CPU they take most of CCU's build: measured here on 2 threads, EM 115 s of MNIST's
+209 s, and k-means 130 s (199 Lloyd iterations) of CIFAR-10's 375 s, on whitened data the GPU
+holds anyway. Written by hand because the library cannot run them there
 for us: scikit-learn's :class:`~sklearn.mixture.GaussianMixture` runs on a torch device only
 under ``array_api_dispatch``, which needs ``SCIPY_ARRAY_API=1`` before scipy's first import
 (process-wide, and it changes scipy for everything else in the process), refuses the k-means

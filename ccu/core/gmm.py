@@ -181,8 +181,10 @@ class FittedByEM:
         device=None,
     ):
         """k-means + EM on ``x`` whitened by ``metric``, seeded by ``seed``, with
-        ``n_components`` components (the paper: 100); ``max_iter`` and ``reg_covar`` go to
-        scikit-learn; on ``device`` (default the CPU) :func:`em_fit` runs there. Chapter
+        ``n_components`` components (the paper: 100), with ``max_iter`` and ``reg_covar`` as
+        scikit-learn takes them, by :func:`em_fit`: on a CUDA ``device``, for the spherical and
+        diagonal covariances, in torch there once :func:`em_engine`'s check against
+        scikit-learn passed; otherwise (the default, the CPU) with scikit-learn on the CPU. Chapter
         *Training Base and CCU* (``book/training.ipynb``)."""
         means, log_var, log_w = em_fit(
             x, metric, seed, n_components, cls.em_covariance, max_iter, reg_covar, verbose,

@@ -170,8 +170,9 @@ class CCUMethod(BaseMethod):
 
     def build_for_resume(self, checkpoint) -> bool:
         """An empty CCU model (:meth:`skeleton`) for the epoch checkpoint at ``checkpoint``,
-        which then fills it: no metric or mixture fit (sklearn's EM on the full MNIST takes a
-        minute on a GPU machine's CPU, repeated by every call of a time-boxed run). False
+        which then fills it: no metric or mixture fit (the metric on the CPU and k-means and EM,
+        on the GPU or with scikit-learn on the CPU: seconds to minutes, repeated by every call
+        of a time-boxed run). False
         without a checkpoint or with one that does not record its densities."""
         if checkpoint is None or not Path(checkpoint).exists():
             return False

@@ -213,10 +213,11 @@ def run_epochs(
 
 def _checkpoint_due(done: int, epochs: int) -> bool:
     """Whether the epoch checkpoint is written after epoch ``done``: after every epoch, or every
-    ``CCU_CHECKPOINT_EVERY`` epochs and after the last (``tools/lease_run.sh`` sets 25: a GPU
-    lease never resumes, and CCU's ~54 MiB checkpoint written 100 times costs seconds of a
-    call that has none to spare). The weights are the same either way; only a resumed run
-    starts from an earlier epoch."""
+    ``CCU_CHECKPOINT_EVERY`` epochs and after the last (``tools/lease_run.sh`` sets 25: CCU's
+    ~54 MiB checkpoint written 100 times costs seconds of a call that has none to spare; a
+    training that stops for time saves the epoch it stops after all the same, and the next
+    call of the lease continues from it). The weights are the same either way; only a run
+    resumed after a kill starts from an earlier epoch."""
     every = max(int(os.environ.get("CCU_CHECKPOINT_EVERY", "1") or 1), 1)
     return done % every == 0 or done == epochs
 

@@ -287,7 +287,7 @@ def heatmap_figure(comp: pd.DataFrame, table: str = "Table 2"):
 
 
 # ------------------------------------------------------------------ the paper's layout, per run
-#: the paper's protocol (section "Experiments" and appendix B): what every run is compared with
+#: the paper's protocol (section 4, "Experiments", and appendix C): what every run is compared with
 PAPER_EPOCHS = 100
 PAPER_ATTACK = (200, 50, 500)  # noise centres x restarts x steps (appendix, "attack")
 PAPER_ACET_STEPS = 40  # ACET's inner PGD steps during training

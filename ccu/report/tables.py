@@ -299,7 +299,7 @@ def training_table(runs: dict) -> pd.DataFrame:
     return pd.DataFrame(rows).T.infer_objects()
 
 
-#: the paper's training protocol (appendix B, "Experimental details"; section "Experiments")
+#: the paper's training protocol (appendix C, "Experimental details"; section 4, "Experiments")
 PAPER_PROTOCOL = {
     "classifier": "LeNet on MNIST, ResNet18 otherwise; VGG for MCD and GAN",
     "optimiser, learning rate": "Adam 1e-3 on MNIST, SGD 0.1 otherwise",

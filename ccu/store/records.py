@@ -68,7 +68,7 @@ N_CERTIFIED = "n_certified"
 #: centres without a certified ball (not attacked, counted apart)
 N_UNCERTIFIED = "n_uncertified"
 #: the strict AUC of in-distribution confidences against CCU's guaranteed upper bounds
-#: (Corollary 1, eq. (8)); uncertified centres count as failures
+#: (Corollary 1, eq. (11)); uncertified centres count as failures
 CERTIFIED_AUC = "certified_auc"
 #: the median certified radius over the certified centres (Table 1's "radius")
 MEDIAN_RADIUS = "median_radius"

@@ -114,3 +114,39 @@ def test_notebooks_are_stripped_as_configured(tmp_path):
     dirty = tmp_path / "dirty.ipynb"
     dirty.write_text(json.dumps(nb))
     assert subprocess.run([*cmd, str(dirty)], capture_output=True).returncode != 0
+
+
+#: a cross-reference to the library in a chapter's prose, e.g. {py:func}`ccu.ball_attack`
+PY_ROLE = re.compile(r"\{py:(?:func|class|mod|meth|attr|data|exc)\}`(?:[^`<]*<)?~?([\w.]+)>?`")
+#: what the API page documents: an auto-directive's target, and an automodule's ``:members:``
+AUTO = re.compile(r"^\.\. auto(function|class|data|module|exception):: ([\w.]+)\n((?:   :.*\n)*)", re.M)
+
+
+def api_page_names(text: str) -> set[str]:
+    """The names ``book/api.md`` documents (so that a ``{py:...}`` role to them is a link)."""
+    names = set()
+    for _, target, options in AUTO.findall(text):
+        names.add(target)
+        for line in options.splitlines():
+            key, _, value = line.strip().partition(" ")
+            if key == ":members:":
+                names |= {f"{target}.{m.strip()}" for m in value.split(",") if m.strip()}
+    return names
+
+
+def test_every_library_name_a_chapter_links_is_on_the_api_page():
+    """A ``{py:...}`` role whose target the API page does not document renders as plain text
+    (the build is not nitpicky): the reader gets no link. Every one in the chapters' prose must
+    name something ``book/api.md`` documents."""
+    example = ".. automodule:: ccu.a\n   :members: f, g\n\n.. autofunction:: ccu.h\n"
+    assert api_page_names(example) == {"ccu.a", "ccu.a.f", "ccu.a.g", "ccu.h"}
+    documented = api_page_names((BOOK / "api.md").read_text())
+    assert {"ccu.ball_attack", "ccu.run.balls.certify_balls"} <= documented  # the parse works
+    missing = {}
+    for path in CHAPTERS:
+        for cell in _cells(path):
+            if cell["cell_type"] == "markdown":
+                for name in PY_ROLE.findall(_source(cell)):
+                    if name not in documented:
+                        missing.setdefault(name, []).append(path.stem)
+    assert not missing, f"linked from chapters, not on book/api.md: {missing}"
