@@ -119,7 +119,9 @@ def test_notebooks_are_stripped_as_configured(tmp_path):
 #: a cross-reference to the library in a chapter's prose, e.g. {py:func}`ccu.ball_attack`
 PY_ROLE = re.compile(r"\{py:(?:func|class|mod|meth|attr|data|exc)\}`(?:[^`<]*<)?~?([\w.]+)>?`")
 #: what the API page documents: an auto-directive's target, and an automodule's ``:members:``
-AUTO = re.compile(r"^\.\. auto(function|class|data|module|exception):: ([\w.]+)\n((?:   :.*\n)*)", re.M)
+AUTO = re.compile(
+    r"^\.\. auto(function|class|data|module|exception):: ([\w.]+)\n((?:   :.*\n)*)", re.M
+)
 
 
 def api_page_names(text: str) -> set[str]:
