@@ -70,8 +70,10 @@ ROUNDING_MARGIN = 1e-12
 
 def _bound_from_log_b(log_b: torch.Tensor, log_lam: float, M: int) -> torch.Tensor:
     # (1/M)(1 + M u)/(1 + u) with u = b/lam  ==  sigmoid(log u) + sigmoid(-log u)/M (stable).
+    # A log b that is not a number (both bounds -inf: the densities underflow over the ball)
+    # bounds nothing: the confidence's trivial bound, 1, not NaN.
     z = log_b - log_lam
-    return torch.sigmoid(z) + torch.sigmoid(-z) / M
+    return (torch.sigmoid(z) + torch.sigmoid(-z) / M).nan_to_num(nan=1.0)
 
 
 def log_ratio_bound(model: CCU, x0, radius) -> torch.Tensor:
@@ -156,9 +158,11 @@ def certified_radius(
         # margin the exact bound exceeded the level by up to 3e-13 relative, i.e. ~1 ulp of
         # |log b| terms of 2e4). ROUNDING_MARGIN = 1e-12 of those magnitudes is ~4,500 ulps,
         # and costs ~2e-9 relative in the bound (benchmarks: tests/core/test_bound_precision.py).
+        # Fails closed: a log b that is not a number (e.g. both bounds -inf, where the densities
+        # underflow over the ball) is "above", never accepted; `>` would be False for NaN.
         up, lo = upper(r), lower(r)
         margin = ROUNDING_MARGIN * (1.0 + up.abs() + lo.abs() + abs(target))
-        return (up - lo) > target - margin
+        return ~((up - lo) <= target - margin)
 
     lo = torch.zeros(n, dtype=torch.float64, device=model.metric.whitening.device)
     ok = ~above(lo)
@@ -202,7 +206,8 @@ class CertificateCheck:
 
     All (N,): ``distance`` (exact, float64) and ``inside`` the ball and the box; the float64 and
     float32 confidences at the point; the bound of its ball; ``violated`` = a point inside its
-    ball whose float64 confidence is above the bound (beyond rounding): that would be a bug.
+    ball whose float64 confidence is above the bound (beyond rounding), or where the confidence
+    or the bound is not a number: that would be a bug.
     """
 
     distance: torch.Tensor
@@ -253,7 +258,8 @@ def check_certificate(
 
     Everything that decides is float64: the distance of each point to its centre, the bound of
     the ball ``d(x, centre) <= radius`` and the confidence of the float64 copy of ``model``.
-    ``violated`` is ``inside and p64 > bound (1 + rtol)``. Points outside their ball (or the box)
+    ``violated`` is ``inside and not p64 <= bound (1 + rtol)``: a NaN confidence or bound inside
+    a certified ball is a violation too (nothing is certified about it). Points outside their ball (or the box)
     are flagged by ``inside``: the bound says nothing about them. Radii must be certified (no NaN).
     """
     _check_model(model)
@@ -274,7 +280,7 @@ def check_certificate(
         inside &= ((pts >= box[0]) & (pts <= box[1])).all(dim=1).to(inside.device)
     p64 = _confidence_as(model, shaped, torch.float64, batch).to(bound.device)
     p32 = _confidence_as(model, shaped, torch.float32, batch).to(bound.device)
-    violated = inside & (p64 > bound * (1 + rtol))
+    violated = inside & ~(p64 <= bound * (1 + rtol))
     return CertificateCheck(distance, inside, p64, p32, bound, violated)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ccu.core.bounds import ROUNDING_MARGIN
 from ccu.core.density import DensityModel
 from ccu.core.errors import CorruptResultError
 from ccu.core.validation import as_tensor, check_batch
@@ -220,10 +221,74 @@ def _points(w0, radius, n_dir, generator):
     )
 
 
+#: the checker's default slack, relative to ``1 + |log p|``: a quarter of the margin
+#: :func:`ccu.certified_radius` keeps below the level (:data:`ccu.core.bounds.ROUNDING_MARGIN`,
+#: relative to ``1 + |upper| + |lower| + |target|``), so that what the check lets pass in the
+#: in-density's upper and the out-density's lower bound together takes at most half of it and
+#: the bound's own rounding the rest. A looser slack is not rounding: 1e-7 of ``|log p|``
+#: ~ 1e6, ordinary for images, is 0.1 of log b, and lets certificates be false.
+TOL = ROUNDING_MARGIN / 4
+#: centres of the batch check (one ball each, bounds of all at once against each one's own)
+BATCH_CENTRES = 8
+
 #: the fixed grid :func:`check_density` adds to the property-based search: this many centres
 #: (the first of ``centres``, or seeded random ones) times this many log-spaced radii
 GRID_CENTRES = 8
 GRID_RADII = 5
+
+
+def _check_batch_bounds(dens64, pool, d, device, spread, seed, log_radii, tol, report) -> None:
+    """The bounds of a batch of centres, each with its own radius, against each centre's own
+    bounds (asked for one at a time, which the balls above test against ``log p``): a batched
+    upper bound below a centre's own, or a lower bound above it, is reported as a problem of
+    that ball. :func:`ccu.certified_radius` asks for its whole batch at once."""
+    if pool is not None:
+        w0 = pool[:BATCH_CENTRES].to(device)
+        labels = [f"centre {i}" for i in range(len(w0))]
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        w0 = spread * torch.randn(BATCH_CENTRES, d, generator=gen, dtype=torch.float64)
+        w0 = w0.to(device)
+        labels = [f"random centre {i} of the batch (seed {seed})" for i in range(len(w0))]
+    n = len(w0)
+    if n < 2:
+        return
+    r = torch.tensor([10.0 ** log_radii[i % len(log_radii)] for i in range(n)], dtype=w0.dtype)
+    r = r.to(device)
+    with torch.no_grad():
+        batch = dens64.ball_bounds_whitened(w0)
+        up, lo = batch.upper(r).detach(), batch.lower(r).detach()
+        if up.shape != (n,) or lo.shape != (n,):
+            what = f"{tuple(up.shape)} and {tuple(lo.shape)}"
+            report.problems.append(
+                f"bounds of a batch of {n} centres must have shape ({n},); got {what}"
+            )
+            return
+        for i in range(n):
+            own = dens64.ball_bounds_whitened(w0[i : i + 1])
+            up_i, lo_i = own.upper(r[i : i + 1]).detach(), own.lower(r[i : i + 1]).detach()
+            low_up = float(up_i[0] - up[i]) > tol * (1 + float(up_i[0].abs()))
+            high_lo = float(lo[i] - lo_i[0]) > tol * (1 + float(lo_i[0].abs()))
+            if not (low_up or high_lo) and bool(up[i] == up[i]) and bool(lo[i] == lo[i]):
+                continue
+            problem = (
+                f"in a batch of {n} centres its bounds are not its own (upper {float(up[i]):.6g}"
+                f" vs {float(up_i[0]):.6g}, lower {float(lo[i]):.6g} vs {float(lo_i[0]):.6g}):"
+                " ball_bounds_whitened must treat each row of w0 (and of R) apart; "
+                "certified_radius asks for a batch"
+            )
+            report.failed_balls.append(
+                BallFailure(
+                    labels[i],
+                    float(r[i]),
+                    None,
+                    float(up[i]),
+                    float(lo[i]),
+                    math.nan,
+                    math.nan,
+                    problem,
+                )  # fmt: skip
+            )
 
 
 def check_density(
@@ -234,7 +299,7 @@ def check_density(
     spread: float = 3.0,
     n_directions: int = 16,
     ascent_steps: int = 25,
-    tol: float = 1e-7,
+    tol: float = TOL,
     seed: int = 0,
     raise_on_failure: bool = True,
 ) -> DensityCheckReport:
@@ -242,7 +307,11 @@ def check_density(
 
     ``centres`` (N, ...) are input-space points to centre balls at (e.g. data and noise); without
     them centres are drawn ``spread`` whitened units around the origin. Radii are log-uniform in
-    ``radii`` (whitened units). ``tol`` is the float64 slack (relative to ``1 + |log p|``).
+    ``radii`` (whitened units). ``tol`` is the float64 slack (relative to ``1 + |log p|``;
+    :data:`TOL`, a quarter of the certificates' rounding margin: bounds must hold to rounding).
+    The bounds of a batch of centres (:data:`BATCH_CENTRES`, each with its own radius) must
+    also be each centre's own, since :func:`ccu.certified_radius` asks for all of its centres
+    at once: a bound that mixes rows of the batch fails.
     Returns a :class:`DensityCheckReport`; raises :class:`DensityCheckError` with that report when
     a bound fails (``raise_on_failure``). A failed ball is reported once, with the absolute and
     the relative excess, its centre (index into ``centres``) and, for a density with means
@@ -397,6 +466,7 @@ def check_density(
     for pick in range(n_centres):
         for log_r in grid_r:
             one_ball(seed + pick, log_r, pick)
+    _check_batch_bounds(dens64, pool, d, W.device, spread, seed, grid_r, tol, report)
     if gaps:
         report.median_gap = float(torch.cat(gaps).median())
     if report.failures and raise_on_failure:

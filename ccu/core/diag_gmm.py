@@ -92,7 +92,11 @@ class DiagonalGaussianMixture(FittedByEM, ScaleConstraint, DensityModel):
         )
 
     def _weighted_sq(self, w, mu, inv):
-        """``sum_j (w_j - mu_kj)^2 inv_kj`` as matrix products (never an (N, K, D) tensor)."""
+        """``sum_j (w_j - mu_kj)^2 inv_kj`` (N, K), never an (N, K, D) tensor: as matrix
+        products, or in float64 (the certified model, whose forward pass must stay within its
+        bounds up to rounding) from the differences themselves, one component at a time."""
+        if w.dtype == torch.float64:
+            return torch.stack([((w - mu[k]).square() @ inv[k]) for k in range(len(mu))], 1)
         sq = (w * w) @ inv.T - 2.0 * w @ (mu * inv).T + (mu * mu * inv).sum(1)[None, :]
         return sq.clamp_min(0.0)
 

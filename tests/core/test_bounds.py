@@ -199,3 +199,83 @@ def test_a_custom_density_model_is_certified():
     assert bool((r > 0).all())
     res = ccu.ball_attack(ccu.confidence_score(model), x0, r, model.metric, steps=60, box=None)
     assert bool((res.score.exp() <= 1.1 / 3 + TOL).all())
+
+
+# ------------------------------------------------- found by a review of the certificates
+def _line_model(offset, family=ccu.GaussianMixture, sig_in=0.1, sig_out=10.0, nu=60.0):
+    """In-mean, centre and out-mean on one line, a saturated classifier: Corollary 1 is tight
+    (the worst point is the ball's end towards the in-mean), ``offset`` from the origin."""
+    metric = ccu.Mahalanobis.identity(1)
+    var = (2 * math.log(sig_in), 2 * math.log(sig_out))
+    if family is ccu.DiagonalGaussianMixture:
+        var = ([var[0]], [var[1]])
+    gin = family(torch.tensor([[offset]]), torch.tensor([var[0]]), torch.zeros(1), metric)
+    gout = family(torch.tensor([[offset + nu]]), torch.tensor([var[1]]), torch.zeros(1), metric)
+    return ccu.CCU(SaturatedClassifier(10, scale=200.0), gin, gout, 10).double()
+
+
+@pytest.mark.parametrize("family", [ccu.GaussianMixture, ccu.DiagonalGaussianMixture])
+def test_the_float64_forward_pass_keeps_the_bound_far_from_the_origin(family):
+    """The certificate is about the float64 model: its forward pass took ``|a|^2 + |b|^2 -
+    2 a.b``, which cancels where the whitened points are large next to their distances, and
+    the model's confidence then left the bound (0.15 against 0.11 at 1e7 from the origin)."""
+    for offset in (0.0, 1e5, 1e7):
+        model = _line_model(offset, family)
+        x0 = torch.tensor([[offset + 20.0]], dtype=torch.float64)
+        radius = ccu.certified_radius(model, x0)
+        assert bool(ccu.certified_mask(radius).all())
+        x = (
+            x0
+            - radius[:, None] * torch.linspace(0.999, 1.0 - 1e-9, 200, dtype=torch.float64)[:, None]
+        )
+        check = ccu.check_certificate(model, x, x0.expand(200, 1), radius.expand(200), box=None)
+        assert bool(check.inside.all()) and check.n_violations == 0, (
+            offset,
+            check.confidence64.max(),
+        )
+
+
+def test_a_bound_that_is_not_a_number_certifies_nothing():
+    """Where both densities underflow over a ball (bounds -inf and -inf), log b is NaN: the
+    bisection took NaN for "below the level" and certified a radius of 31 whose exact bound is
+    1 (variances 1e-306 and 1e-305). NaN now counts as above the level, and bounds nothing."""
+    metric = ccu.Mahalanobis.identity(1)
+    gin = ccu.GaussianMixture(
+        torch.tensor([[0.0]]), torch.tensor([math.log(1e-306)]), torch.zeros(1), metric
+    )
+    gout = ccu.GaussianMixture(
+        torch.tensor([[100.0]]), torch.tensor([math.log(1e-305)]), torch.zeros(1), metric
+    )
+    model = ccu.CCU(SaturatedClassifier(10, scale=200.0), gin, gout, 10).double()
+    x0 = torch.tensor([[50.0]], dtype=torch.float64)
+    radius = ccu.certified_radius(model, x0)
+    log_b = ccu.log_ratio_bound(model, x0, radius)
+    assert not bool(log_b.isnan().any()) and float(radius[0]) < 20.0, (radius, log_b)
+    # the exact log b at the returned radius (one component each; the log-normalisers cancel
+    # up to a constant of O(1)) is far below the level: the ball is truly certified
+    r = float(radius[0])
+    exact_times_1e_306 = -((50 - r) ** 2) / 2 + (50 + r) ** 2 / 20
+    assert exact_times_1e_306 < -1.0
+    nan_b = ccu.log_ratio_bound(model, x0, torch.tensor([31.0], dtype=torch.float64))
+    assert bool(nan_b.isnan().all())  # the case itself: -inf - (-inf)
+    bound = ccu.confidence_bound(model, x0, torch.tensor([31.0], dtype=torch.float64))
+    assert float(bound[0]) == 1.0  # NaN bounds nothing: the trivial bound
+
+
+def test_a_nan_confidence_inside_a_certified_ball_is_a_violation():
+    class NaNAt(nn.Module):  # NaN logits for one input
+        def forward(self, x):
+            out = torch.zeros(x.shape[0], 10, dtype=x.dtype)
+            return torch.where(x[:, :1] > 7.99, float("nan"), out)
+
+    metric = ccu.Mahalanobis.identity(1)
+    gin = ccu.GaussianMixture(torch.tensor([[0.0]]), torch.tensor([0.0]), torch.zeros(1), metric)
+    gout = ccu.GaussianMixture(torch.tensor([[8.0]]), torch.tensor([4.0]), torch.zeros(1), metric)
+    model = ccu.CCU(NaNAt(), gin, gout, 10).double()
+    x0 = torch.tensor([[8.0], [8.0]], dtype=torch.float64)
+    radius = ccu.certified_radius(model, x0)
+    assert bool(ccu.certified_mask(radius).all()) and float(radius[1]) > 0.1
+    pts = torch.tensor([[8.0], [8.0 - 0.5 * float(radius[1])]], dtype=torch.float64)
+    check = ccu.check_certificate(model, pts, x0, radius, box=None)
+    assert bool(check.confidence64[0].isnan()) and bool(check.inside.all())
+    assert check.violated.tolist() == [True, False]

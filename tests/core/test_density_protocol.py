@@ -376,3 +376,59 @@ def test_runs_log_one_line_per_step_and_bars_follow_ccu_progress(tmp_path, capsy
         experiment.run_method("digits", "CCU", prof, data=data, root=tmp_path)
         and capsys.readouterr().err
     )
+
+
+# ------------------------------------------------- found by a review of the certificates
+class MixesTheBatch(IsotropicGaussian):
+    """Right bounds for one centre; for a batch, the distance is the norm over the whole batch
+    (a ``norm`` without ``dim=1``): each centre's ball looks farther from the mean than it is."""
+
+    def ball_bounds_whitened(self, w0):
+        with torch.no_grad():
+            dist = torch.linalg.vector_norm(w0 - self.mean.double()).expand(len(w0))
+            c, var = float(self._log_norm()), float(self.log_var.exp())
+        return ccu.BallBounds.from_functions(
+            len(w0),
+            upper=lambda r: c - 0.5 * (dist - r).clamp_min(0).square() / var,
+            lower=lambda r: c - 0.5 * (dist + r).square() / var,
+        )
+
+
+class RelativelyLow(ccu.GaussianMixture):
+    """The paper's mixture with an upper bound low by 5e-8 of its size: within the old slack
+    (1e-7 of 1 + |log p|), yet 19 nats of log b where |log p| is 4e8."""
+
+    def ball_bounds_whitened(self, w0):
+        b = super().ball_bounds_whitened(w0)
+        return ccu.BallBounds.from_functions(
+            len(w0), upper=lambda r: b.upper(r) - 5e-8 * (1 + b.upper(r).abs()), lower=b.lower
+        )
+
+
+def test_the_checker_asks_for_a_batch_of_centres_as_certified_radius_does():
+    """A family that is right for one centre and wrong for a batch passed the check (which
+    asked for one centre at a time) and certified balls whose attack found confidence 0.86
+    against a bound of 0.11. Its density and bounds are trained and checked as CCU does."""
+    x = torch.randn(40, 4, generator=torch.Generator().manual_seed(0)).double()
+    metric = ccu.Mahalanobis.identity(4)
+    bad = MixesTheBatch.fit(x, metric)
+    report = check_density(bad, centres=x[::5], max_examples=10, raise_on_failure=False)
+    assert not report.passed
+    assert any("in a batch of 8 centres its bounds are not its own" in f for f in report.failures)
+    assert check_density(IsotropicGaussian.fit(x, metric), centres=x[::5], max_examples=10).passed
+    # and without centres: random ones, in a batch too
+    assert not check_density(bad, max_examples=5, raise_on_failure=False).passed
+
+
+def test_the_checkers_slack_is_rounding_not_a_fraction_of_log_p():
+    """The slack was 1e-7 of ``1 + |log p|``: a family whose upper bound is low by 5e-8 of it
+    passed and certified a ball where the float64 model's confidence is 0.21 against a bound
+    of 0.11. It is now a quarter of the certificates' own rounding margin."""
+    metric = ccu.Mahalanobis.identity(1)
+    x = torch.cat([torch.zeros(1, 1), torch.linspace(-5, 30005, 15)[:, None]]).double()
+    bad = RelativelyLow(torch.tensor([[0.0]]), torch.tensor([0.0]), torch.zeros(1), metric)
+    report = check_density(bad, centres=x, max_examples=15, raise_on_failure=False)
+    assert not report.passed, report
+    assert ccu.core.density_check.TOL <= ccu.core.bounds.ROUNDING_MARGIN / 4
+    good, xs = _fitted(ccu.GaussianMixture)
+    assert check_density(good, centres=xs[::7], max_examples=15).passed
