@@ -188,8 +188,6 @@ def ood_table(runs: SeedRuns, metric: str = AUROC) -> pd.DataFrame:
         raise NoResultsError(f"no trained runs of {runs.dataset} for profile {runs.profile}.")
     seeds = sorted(runs.metrics)
     methods = runs.methods
-    merged = {m: next(runs.metrics[s][m] for s in seeds if m in runs.metrics[s]) for m in methods}
-    paper = report.ood_table(merged, runs.dataset, metric)
     rows = []
     for m in methods:
         records = [Metrics.from_json(runs.metrics[s][m]) for s in seeds if m in runs.metrics[s]]
@@ -199,7 +197,7 @@ def ood_table(runs: SeedRuns, metric: str = AUROC) -> pd.DataFrame:
             if not vals:
                 continue  # skipped set (data not found) in every seed
             name = report.PAPER_OOD.get(ood, ood)
-            rows.append(_row(m, name, vals, _paper_value(paper, name, m)))
+            rows.append(_row(m, name, vals, report.paper_ood_value(runs.dataset, m, ood, metric)))
     return pd.DataFrame(rows)
 
 

@@ -57,6 +57,22 @@ def _acet2_paper(table: str, key_col: str, dataset: str, key: str) -> float:
     return float(row.ACET2.iloc[0]) if len(row) else np.nan
 
 
+def paper_ood_value(dataset: str, method: str, ood: str, metric: str = AUROC) -> float:
+    """The paper's number (percent) for ``method`` against our OOD set ``ood`` on ``dataset``:
+    Table 2 (``auroc``; ACET2's from Table 4) or Table 6 (``aupr_in``); NaN where it has none.
+    Looked up by the paper's names, whatever our row is labelled (a stand-in set's label says
+    what stands in, e.g. "Imagenet- (Tiny ImageNet test)")."""
+    if method == "ACET2" and metric == AUROC:  # the appendix's ACET2 table
+        return _acet2_paper("table_acet2_ood_auc", "in_dataset", dataset, PAPER_OOD.get(ood))
+    paper = paper_table("table2_ood_auc" if metric == AUROC else "table_aupr")
+    p = paper[
+        (paper.in_dataset == PAPER_DATASET.get(dataset, ""))
+        & (paper.ood_dataset == PAPER_OOD.get(ood))
+        & (paper.method == method)
+    ]
+    return float(p.value.iloc[0]) if len(p) else np.nan
+
+
 def ood_table(metrics: dict[str, dict], dataset: str, metric: str = AUROC) -> pd.DataFrame:
     """Table 2 (``auroc``) or the AUPR table (``aupr_in``) rows for ``dataset``.
 
@@ -68,8 +84,6 @@ def ood_table(metrics: dict[str, dict], dataset: str, metric: str = AUROC) -> pd
     "(not available)" in its name and no value of ours, and a set that stands in for the
     paper's says so (e.g. "Imagenet- (Tiny ImageNet test)").
     """
-    paper = paper_table("table2_ood_auc" if metric == AUROC else "table_aupr")
-    paper = paper[paper.in_dataset == PAPER_DATASET.get(dataset, "")]
     rows = []
     for method in ordered(metrics):
         record = Metrics.from_json(metrics[method])
@@ -77,12 +91,7 @@ def ood_table(metrics: dict[str, dict], dataset: str, metric: str = AUROC) -> pd
             skipped = record.skipped(ood) is not None
             if metric not in m and not skipped:
                 continue
-            p = paper[(paper.ood_dataset == PAPER_OOD.get(ood)) & (paper.method == method)]
-            value = float(p.value.iloc[0]) if len(p) else np.nan
-            if method == "ACET2" and metric == AUROC:  # the appendix's ACET2 table
-                value = _acet2_paper(
-                    "table_acet2_ood_auc", "in_dataset", dataset, PAPER_OOD.get(ood)
-                )
+            value = paper_ood_value(dataset, method, ood, metric)
             # the column says when a set stands in for the paper's or was not available
             label = record.source(ood).get("label", PAPER_OOD.get(ood, ood))
             if skipped:

@@ -114,3 +114,25 @@ def test_tables_of_a_subset_never_overwrite_or_mix_with_every_methods(tmp_path, 
     for name in ("table1.csv", "table2_auroc.csv"):
         text = (subset / name).read_text()
         assert "Base" in text and "CCU" not in text, name  # Table 1 like the others: Base only
+
+
+def test_a_stand_in_sets_row_over_seeds_keeps_the_papers_value(tmp_path):
+    """The Tiny ImageNet test set stands in for the paper's Imagenet- (its row says so): the
+    table over seeds looked the paper's number up by another label and showed none."""
+    for seed in (0, 1):
+        d = store.method_dir("smoke", "cifar10-offline", "Base", tmp_path, seed)
+        label = "Imagenet- (Tiny ImageNet test)"
+        metrics = {
+            "test_error": 0.1,
+            "n_test": 100,
+            "ood": {"imagenet-": {"auroc": 0.8 + seed / 10, "aupr_in": 0.9}},
+            "ood_sources": {"imagenet-": {"source": "tiny", "label": label, "n": 100}},
+        }
+        store.write_json(d / "metrics.json", metrics)
+        store.write_json(d / "config.json", {"method": "Base"})
+    tables = aggregate.build_tables("smoke", "cifar10-offline", tmp_path, seeds=[0, 1])
+    for key, paper in (("table2_auroc", 87.5), ("table_aupr", None)):
+        row = tables[key].set_index(["method", "key"]).loc[("Base", "Imagenet-")]
+        if paper is not None:
+            assert row["paper"] == pytest.approx(paper)  # the paper's CIFAR10 Base, Table 2
+        assert not math.isnan(row["paper"])
