@@ -241,6 +241,14 @@ def _confidence_as(model: CCU, x: torch.Tensor, dtype: torch.dtype, batch: int) 
     return torch.cat(out).double() if out else torch.zeros(0, dtype=torch.float64)
 
 
+def float64_confidence(model: CCU, x, batch: int = 500) -> torch.Tensor:
+    """``max_y p(y|x)`` of the float64 copy of ``model`` at the points ``x`` (N, ...) -> (N,)
+    float64: the confidences every certificate is about (the bounds are float64 statements;
+    a float32 forward pass rounds a confidence within 6e-8 of 1 up to 1)."""
+    _check_model(model)
+    return _confidence_as(model, as_tensor(x, "x"), torch.float64, batch)
+
+
 def float32_deviation(model: CCU, x, batch: int = 500) -> torch.Tensor:
     """``|p32(x) - p64(x)|`` of the confidence: how far the float32 forward pass strays from the
     certified float64 model at the points ``x`` (N, ...) -> (N,) float64."""

@@ -11,6 +11,8 @@ from ccu.report import tables as report
 from ccu.store.records import (
     AUROC,
     CERTIFIED_AUC,
+    CONFIDENCE_IN,
+    CONFIDENCE_IN_FLOAT64,
     FIELD_EPS_INF,
     GAUC,
     GAUC_2,
@@ -27,9 +29,19 @@ from ccu.store.records import (
 )
 
 
+def ties_half_shown(guarantees: dict) -> bool:
+    """Whether the GAUC with ties one half of a ``guarantees.json`` is shown: only where it
+    compared the float64 model's confidences (:data:`ccu.store.records.CONFIDENCE_IN`). Before,
+    it compared the run's float32 scores, and the trivial bound 1 tied with every confidence
+    that rounds to 1 in float32: half a success for no guarantee (25 % at GOOD's eps on MNIST,
+    where every bound was 1). The strict GAUC (ties lose, as GOOD counts them) stands."""
+    return guarantees.get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64
+
+
 def summary_rows(guarantees: dict) -> list[dict]:
     """One row per point set of a ``guarantees.json``: share certified, median radius (and inner
-    l_2 / l_inf radii), certified AUC and the GAUC at the field's ``eps`` (for tables)."""
+    l_2 / l_inf radii), certified AUC and the GAUC at the field's ``eps`` (ties lose, as GOOD
+    counts them; for tables)."""
     eps = guarantees.get(FIELD_EPS_INF)
     rows = []
     for name, s in guarantees[SETS].items():
@@ -43,7 +55,7 @@ def summary_rows(guarantees: dict) -> list[dict]:
                 "median_inner_l2": s[INNER_L2_RADIUS][MEDIAN],
                 "median_inner_linf": s[INNER_LINF_RADIUS][MEDIAN],
                 CERTIFIED_AUC: s.get(CERTIFIED_AUC),
-                "gauc_field_eps": g.get(GAUC),
+                "gauc_field_eps": g.get(GAUC_STRICT),
             }
         )
     return rows
@@ -90,8 +102,9 @@ def committed_guarantees(root=None) -> dict[str, dict]:
 
 def field_table(root=None, paper_dataset: str = "MNIST"):
     """Our GAUCs beside GOOD's published ones at the same l_inf eps, one row per (source,
-    method, OOD set): AUC (clean), GAUC (ties count one half, scikit-learn) and strict GAUC
-    (ties lose), percent; with what is comparable and what is not (:data:`NOT_COMPARABLE`)."""
+    method, OOD set): AUC (clean), GAUC (ties count one half, scikit-learn; None where
+    :func:`ties_half_shown` says no) and strict GAUC (ties lose), percent; with what is
+    comparable and what is not (:data:`NOT_COMPARABLE`)."""
     import pandas as pd
 
     pub = published()
@@ -127,7 +140,7 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
                     ood_set=report.PAPER_OOD.get(name, name),
                     eps_inf=eps,
                     AUC=100 * s[AUROC] if AUROC in s else None,
-                    GAUC=100 * gi[GAUC],
+                    GAUC=100 * gi[GAUC] if ties_half_shown(g) else None,
                     GAUC_strict=100 * gi[GAUC_STRICT],
                     network="LeNet + GMMs (CCU)",
                     train_out="grey CIFAR-10 train (stand-in)",
@@ -155,14 +168,15 @@ def certificate_table(g: dict):
             "median_inner_l2": "median l2 radius",
             "median_inner_linf": "median linf radius",
             CERTIFIED_AUC: "certified AUC %",
-            "gauc_field_eps": f"GAUC % (linf {g.get(FIELD_EPS_INF)})",
+            "gauc_field_eps": f"GAUC % (linf {g.get(FIELD_EPS_INF)}, ties lose)",
         }
     )
 
 
 def gauc_sweep_figure(g: dict, title: str = ""):
-    """GAUC against eps per OOD set, l_inf (left) and l_2 (right): scikit-learn's (ties one
-    half, solid) and strict (ties lose, dashed); the field's l_inf eps marked."""
+    """GAUC against eps per OOD set, l_inf (left) and l_2 (right): strict (ties lose, as GOOD
+    counts them, solid) and scikit-learn's (ties one half, dashed; only where
+    :func:`ties_half_shown`); the field's l_inf eps marked."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -173,8 +187,10 @@ def gauc_sweep_figure(g: dict, title: str = ""):
             eps = [float(e) for e in s[key]]
             colour = f"C{i}"
             label = report.PAPER_OOD.get(name, name)
-            ax.plot(eps, [100 * v[GAUC] for v in s[key].values()], "o-", c=colour, label=label)
-            ax.plot(eps, [100 * v[GAUC_STRICT] for v in s[key].values()], "x--", c=colour)
+            strict = [100 * v[GAUC_STRICT] for v in s[key].values()]
+            ax.plot(eps, strict, "o-", c=colour, label=label)
+            if ties_half_shown(g):
+                ax.plot(eps, [100 * v[GAUC] for v in s[key].values()], "x--", c=colour)
         if key == GAUC_INF and g.get(FIELD_EPS_INF) is not None:
             ax.axvline(g[FIELD_EPS_INF], c="grey", lw=0.8)
         if key == GAUC_INF:

@@ -33,7 +33,7 @@ import torch
 from ccu._version import __version__
 from ccu.core import evaluate as ev
 from ccu.core import lp
-from ccu.core.bounds import certified_mask
+from ccu.core.bounds import certified_mask, float64_confidence
 from ccu.core.guarantees import (
     FIELD_EPS,
     L2_SWEEP,
@@ -46,6 +46,8 @@ from ccu.core.guarantees import (
 from ccu.store.records import (
     AUROC,
     CERTIFIED_AUC,
+    CONFIDENCE_IN,
+    CONFIDENCE_IN_FLOAT64,
     EPS_2,
     EPS_INF,
     FIELD_EPS_INF,
@@ -82,7 +84,16 @@ def certify_sets(
 ) -> dict:
     """Certificates and GAUCs for the point sets ``sets`` (name -> (N, ...) tensor; the key
     ``"test"`` is the in-distribution test set, reported without AUCs). ``test_confidence``: the
-    clean confidences of the in-distribution test points (the run's scores). JSON-ready dict."""
+    clean confidences of the in-distribution test points that the AUCs compare with the bounds;
+    None (what :func:`run_guarantees` passes): the float64 model's at ``sets["test"]``
+    (:func:`ccu.core.bounds.float64_confidence`), those of the model the bounds are about (a
+    float32 forward pass rounds confidences near 1 to 1, which then tie with the trivial bound
+    1). JSON-ready dict."""
+    if test_confidence is None:
+        test_confidence = float64_confidence(model, sets["test"], batch).cpu().numpy()
+        given = CONFIDENCE_IN_FLOAT64
+    else:
+        given = "given"
     conf_in = np.asarray(test_confidence, dtype=np.float64).ravel()
     k2 = lp.lp_norm_factor(model.metric, 2)
     kinf = lp.linf_norm_bounds(model.metric)
@@ -98,6 +109,7 @@ def certify_sets(
         },
         EPS_INF: [float(e) for e in eps_inf],
         EPS_2: [float(e) for e in eps_2],
+        CONFIDENCE_IN: given,
         SETS: {},
     }
     for name, x in sets.items():
@@ -149,7 +161,7 @@ def run_guarantees(run, data, level: float = 1.1, ood_seed: int = 1, batch: int 
     out = certify_sets(
         model,
         sets,
-        run.scores["test_confidence"],
+        None,  # the float64 model's confidences, not the run's float32 scores
         level=level,
         eps_inf=LINF_SWEEP[k],
         eps_2=L2_SWEEP,

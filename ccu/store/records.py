@@ -467,6 +467,12 @@ N, SHARE_CERTIFIED = "n", "share_certified"
 RADIUS, INNER_L2_RADIUS, INNER_LINF_RADIUS = "radius", "inner_l2_radius", "inner_linf_radius"
 GAUC_INF, GAUC_2 = "gauc_inf", "gauc_2"
 GAUC, GAUC_STRICT, MEDIAN_BOUND = "gauc", "gauc_strict", "median_bound"
+#: which in-distribution confidences the AUCs compare with the bounds: "float64 model" (the
+#: model the bounds are about). A file without it compared the run's float32 scores: there the
+#: trivial bound 1 tied with every confidence that rounds to 1 in float32, which the GAUC with
+#: ties one half counted as half a success (the strict GAUC and the certified AUC stand)
+CONFIDENCE_IN = "confidence_in"
+CONFIDENCE_IN_FLOAT64 = "float64 model"
 #: the quantile of a row's radii that is their median
 MEDIAN = "q50"
 #: the field's l_inf eps of the run's kind (:data:`ccu.core.guarantees.FIELD_EPS`); the OOD
