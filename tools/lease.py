@@ -35,9 +35,11 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -1415,8 +1417,19 @@ def grid_label(args) -> tuple[str, dict]:
 
 
 def print_plan(args) -> int:
+    from ccu.data import REGISTRY
     from ccu.run.config import get_profile
 
+    images = sorted(d for d, spec in REGISTRY.items() if len(spec.shape) == 3)
+    if args.dataset not in images:
+        what = "unknown" if args.dataset not in REGISTRY else "not an image dataset:"
+        print(f"[lease] error: {what} --dataset {args.dataset!r}; a lease plans one of: "
+              f"{', '.join(images)}", file=sys.stderr)  # fmt: skip
+        return 2
+    if not Path(args.reference).is_dir():
+        print(f"[lease] error: --reference {args.reference} is not a folder of reference "
+              "results (the plan starts from what it holds)", file=sys.stderr)  # fmt: skip
+        return 3
     try:
         label, fields = grid_label(args)
     except (ValueError, TypeError) as exc:  # an unknown profile or dataset: one line
@@ -1527,7 +1540,11 @@ def print_plan(args) -> int:
     if len(parts) > 1 and args.warm:
         print(f"(the data of {args.dataset}, {len(parts)} parts, is assumed gathered on the warm "
               "machine; if it went cold, plan again without --warm)")  # fmt: skip
-    if zero and not unpacked:
+    if zero and not unpacked and zero_seconds(args.dataset, len(zero[3]))[0] > budget:
+        timeout = zero_seconds(args.dataset, len(zero[3]))[0]
+        print(f"call 0 ({zero[1]}) needs a timeout_s of {timeout}, more than the {budget} s "
+              "left: not in this lease")  # fmt: skip
+    elif zero and not unpacked:
         command, what, files, timed = zero
         timeout, work = zero_seconds(args.dataset, len(timed))
         print(f"call 0 (first: {what}): command \"{command}\", carry {json.dumps(carry)}, "
@@ -1790,6 +1807,11 @@ def prepare_command(args) -> int:
 
 
 # ----------------------------------------------------------------------------- absorb
+#: a folder's sha256 sums in a call's archive (``lease_run.sh`` writes them: ``sha256sum``'s
+#: format), checked by :func:`absorb` and never written to the reference
+SUMS_FILE = "SHA256SUMS"
+
+
 class AbsorbError(Exception):
     def __init__(self, message: str, code: int):
         super().__init__(message)
@@ -1809,7 +1831,7 @@ def read_archive(path: Path) -> dict[str, bytes]:
                 parts = name.split("/")
                 if (not member.isfile() or len(parts) != 3 or ".." in parts
                         or not (PART_FILE.match(parts[2]) or parts[2] in BALL_FILES
-                                or parts[2] in ("table1.json", "figure2.npz"))):  # fmt: skip
+                                or parts[2] in ("table1.json", "figure2.npz", SUMS_FILE))):  # fmt: skip
                     raise AbsorbError(f"{path}: unexpected member {member.name!r}", 4)
                 out[name] = tf.extractfile(member).read()
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -1836,7 +1858,31 @@ def absorb(files_at: Path, reference: Path, dataset: str | None = None, log=prin
     if not grouped:
         raise AbsorbError(f"no part of {dataset} in {', '.join(map(str, archives))}", 3)
     for (label, ds), files in grouped.items():  # check every folder before writing any
+        _check_members(f"{label}/{ds}", files)
         _check_balls(reference_dir(reference, label, ds), files)
+    # A trial first, on a copy of every folder of these datasets (a reduced variant borrows
+    # another label's balls): what fails there (a part the tables cannot be rebuilt from) fails
+    # before anything is written here, so a call is absorbed whole or not at all.
+    with tempfile.TemporaryDirectory(prefix="ccu-absorb-") as tmp:
+        trial = Path(tmp) / "reference"
+        for ds in {ds for _, ds in grouped}:
+            for folder in Path(reference).glob(f"*/{ds}"):
+                if folder.is_dir():
+                    shutil.copytree(folder, trial / folder.parent.name / ds)
+        try:
+            _absorb_all(trial, grouped, lambda *_: None)
+        except AbsorbError as exc:
+            raise AbsorbError(f"{exc} (nothing of this call is written)", exc.code) from exc
+        except Exception as exc:  # a part that breaks the rebuild in another way
+            raise AbsorbError(
+                f"the call's parts cannot be absorbed ({type(exc).__name__}: {exc}); nothing of "
+                "it is written",
+                4,
+            ) from exc
+    return _absorb_all(Path(reference), grouped, log)
+
+
+def _absorb_all(reference: Path, grouped: dict, log) -> dict:
     # the folders that bring balls first: a reduced variant's parts in the same call were
     # attacked in them (:func:`_borrow_balls`)
     order = sorted(grouped, key=lambda k: "balls.json" not in grouped[k])
@@ -1846,6 +1892,59 @@ def absorb(files_at: Path, reference: Path, dataset: str | None = None, log=prin
         )
         for label, ds in order
     }
+
+
+def _check_members(where: str, files: dict[str, bytes]) -> None:
+    """Every file of a folder's share of a call readable as what its name says (a JSON object,
+    an ``.npz`` whose arrays load, a UTF-8 CSV), the balls' arrays the ones ``balls.json``
+    names (its ``balls_npz_sha256``) and, where the archive lists them (``SHA256SUMS``, written
+    by ``lease_run.sh``), every file's sha256: :class:`AbsorbError` (4) naming the file."""
+    import hashlib
+    import io
+
+    import numpy as np
+
+    def bad(name: str, why: str) -> AbsorbError:
+        return AbsorbError(f"{where}/{name} is damaged ({why}); the call is not absorbed", 4)
+
+    sums = files.get(SUMS_FILE)
+    if sums is not None:
+        try:
+            listed = dict(
+                reversed(line.split(None, 1)) for line in sums.decode().splitlines() if line
+            )
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise bad(SUMS_FILE, f"not a list of sha256 sums: {exc}") from exc
+        for name, data in files.items():
+            if name == SUMS_FILE:
+                continue
+            want = listed.get(name.strip()) or listed.get(f"*{name}")
+            if want is None:
+                raise bad(name, f"not listed in {SUMS_FILE}")
+            if hashlib.sha256(data).hexdigest() != want.strip():
+                raise bad(name, f"its sha256 is not the one {SUMS_FILE} lists")
+    parsed = {}
+    for name, data in files.items():
+        if name == SUMS_FILE:
+            continue
+        try:
+            if name.endswith(".json"):
+                parsed[name] = json.loads(data)
+                if not isinstance(parsed[name], dict):
+                    raise ValueError("not a JSON object")
+            elif name.endswith(".npz"):
+                with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                    for key in z.files:
+                        z[key]
+            elif name.endswith(".csv"):
+                data.decode("utf-8")
+        except Exception as exc:  # whatever the reader raises: the file is not what it says
+            raise bad(name, f"{type(exc).__name__}: {exc}") from exc
+    balls = parsed.get("balls.json")
+    if balls is not None and "balls.npz" in files:
+        want = balls.get("balls_npz_sha256")
+        if want is not None and hashlib.sha256(files["balls.npz"]).hexdigest() != want:
+            raise bad("balls.npz", "its sha256 is not the one balls.json names")
 
 
 def _check_balls(folder: Path, files: dict[str, bytes]) -> None:
@@ -2187,7 +2286,34 @@ def merged_epochs(old: dict, new: dict) -> dict:
             "by_method": by_method}  # fmt: skip
 
 
+def _absorb_usage(args) -> tuple[str, int] | None:
+    """What is wrong with ``absorb``'s arguments before anything is read or written (one line
+    and its exit code), or None."""
+    from ccu.data import REGISTRY
+
+    files_at, reference = Path(args.files_at), Path(args.reference)
+    if not files_at.exists():
+        return f"{files_at} does not exist: pass the folder the call's files came back to", 3
+    if not files_at.is_dir():
+        return f"{files_at} is not a folder: pass the folder the call's files came back to", 2
+    if reference.exists() and not reference.is_dir():
+        return f"--reference {reference} is a file, not a folder of reference results", 2
+    if args.commit and not reference.resolve().is_relative_to(REPO):
+        return (
+            f"--reference {reference} is outside the repository ({REPO}), so its files cannot "
+            "be committed: pass --no-commit",
+            2,
+        )
+    if args.dataset is not None and args.dataset not in REGISTRY:
+        return f"unknown --dataset {args.dataset!r}; one of: {', '.join(sorted(REGISTRY))}", 2
+    return None
+
+
 def absorb_command(args) -> int:
+    wrong = _absorb_usage(args)
+    if wrong is not None:
+        print(f"[lease] error: {wrong[0]}", file=sys.stderr)
+        return wrong[1]
     try:
         bench = keep_bench(Path(args.files_at))
     except AbsorbError as exc:

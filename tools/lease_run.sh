@@ -180,6 +180,12 @@ pack() {  # lane k: its staged parts join the others, all in one archive replace
   (
     flock 9
     cp -r "$lanes/stage-$k/." "$PARTS/" &&
+      for dir in "$PARTS"/*/*/; do  # each folder's sha256 sums: absorb checks every file
+        (cd "$dir" && find . -maxdepth 1 -type f ! -name '.*' ! -name table1.json \
+          ! -name figure2.npz ! -name 'SHA256SUMS*' -printf '%P\0' | sort -z |
+          xargs -0 -r sha256sum >SHA256SUMS.tmp && mv -f SHA256SUMS.tmp SHA256SUMS) ||
+          { echo "lease_run: packing failed (the sha256 sums of $dir)" >&2; exit 1; }
+      done &&
       tar czf "$tgz.tmp" --exclude='*/.[!.]*' --exclude=table1.json --exclude=figure2.npz \
         -C "$PARTS" . &&
       mv -f "$tgz.tmp" "$tgz" || { echo "lease_run: packing failed" >&2; exit 1; }

@@ -1256,3 +1256,78 @@ def test_trainings_in_flight_on_the_warm_machine_are_never_dropped_for_graphed_l
     assert calls[0].spanning.get("MCD") == "continues"
     assert "GAN" in calls[0].methods and not {"MCD", "GAN"} & set(later)
     assert [m for c in calls for m in c.methods].count("MCD") == 2  # it ends in the next call
+
+
+def test_a_damaged_file_refuses_the_whole_call_and_writes_nothing(whole, tmp_path):
+    """A call is absorbed whole or not at all: a damaged attack.npz or radii.csv (the tables
+    cannot be rebuilt) left all its other files written, and a later good archive then found
+    them 'committed'; a damaged JSON gave a traceback after some were written; a changed
+    metrics.json was taken silently. Now every file is read first, the archive's sha256 sums
+    are checked, and the whole call is absorbed on a copy before anything is written."""
+    import hashlib
+
+    archive = tmp_path / "call" / f"{LABEL}-digits.parts.tgz"
+    archive.parent.mkdir()
+    reference = tmp_path / "reference"
+    good = {p.name: p.read_bytes() for p in sorted(whole.iterdir())}
+    good.pop("table1.json"), good.pop("figure2.npz")  # lease_run.sh never sends them
+
+    def send(files, sums=None):
+        if sums is not None:
+            files = dict(files, SHA256SUMS=sums)
+        with tarfile.open(archive, "w:gz") as tf:
+            for name, data in files.items():
+                info = tarfile.TarInfo(f"{LABEL}/digits/{name}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+    sums = "".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in good.items()).encode()
+    cases = {
+        "Base.attack.npz": b"PK not an npz",
+        "radii.csv": b"centre,radius\n0,zero\n",
+        "Base.attack.json": b'{"x":',
+        "balls.json": b"[]",
+    }
+    for name, damaged in cases.items():
+        send(dict(good, **{name: damaged}))
+        rc = lease.main(["absorb", str(archive.parent), "--reference", str(reference),
+                         "--no-commit"])  # fmt: skip
+        assert rc == 4, name
+        assert not any(reference.rglob("*")), f"{name}: written though the call was refused"
+    send(
+        dict(good, **{"Base.metrics.json": good["Base.metrics.json"].replace(b"0", b"1", 1)}), sums
+    )
+    assert lease.main(["absorb", str(archive.parent), "--reference", str(reference),
+                       "--no-commit"]) == 4  # fmt: skip
+    assert not any(reference.rglob("*"))
+    send(good, sums)  # the good call, with its sums: absorbed whole
+    assert lease.main(["absorb", str(archive.parent), "--reference", str(reference),
+                       "--no-commit"]) == 0  # fmt: skip
+    folder = reference / LABEL / "digits"
+    assert {p.name for p in folder.iterdir()} == {p.name for p in whole.iterdir()}
+    assert not (folder / "SHA256SUMS").exists()
+
+
+def test_plans_and_absorbs_bad_arguments_are_one_line_with_their_exit_code(tmp_path, capsys):
+    """Each was a traceback, a wrong exit code or a silent wrong plan (a review of the tools'
+    errors): an unknown or toy dataset, a missing reference folder, a budget call 0 does not
+    fit, absorb's missing folder, a reference that is a file or outside the repository."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    cases = [
+        (["plan", "--dataset", "nope"], 2, "unknown --dataset 'nope'"),
+        (["plan", "--dataset", "moons"], 2, "not an image dataset"),
+        (["plan", "--dataset", "mnist", "--reference", str(tmp_path / "no")], 3, "not a folder"),
+        (["absorb", str(tmp_path / "gone"), "--no-commit"], 3, "does not exist"),
+        (["absorb", str(tmp_path), "--reference", str(tmp_path / "f")], 2, "is a file"),
+        (["absorb", str(tmp_path), "--reference", str(ref)], 2, "pass --no-commit"),
+        (["absorb", str(tmp_path), "--dataset", "nope", "--no-commit"], 2, "unknown --dataset"),
+    ]
+    (tmp_path / "f").write_text("")
+    for argv, code, said in cases:
+        assert lease.main(argv) == code, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("[lease] error: ") and said in err[0], argv
+    assert lease.main(["plan", "--dataset", "mnist", "--budget-s", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "call 0 (" in out and "not in this lease" in out and "timeout_s 300" not in out
