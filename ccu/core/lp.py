@@ -3,7 +3,7 @@
 The paper certifies balls of its own metric ``d(x, x0) = |C^{-1/2}(x - x0)|_2`` (eq. (12)),
 computed as ``|(x - x0) W|_2`` with the whitening ``W = U Lambda^{-1/2}`` of
 :class:`ccu.Mahalanobis` (``W W^T = C^{-1}``). Certified OOD detection (GOOD, ProoD) states its
-guarantees over l_inf balls. Both directions need one number per norm, the operator norm
+guarantees over l_inf balls. Both directions need one number per norm, the operator norm::
 
     kappa_p = max_{|v|_p <= 1} |v W|_2,   so that   d(x, x0) <= kappa_p |x - x0|_p .
 
