@@ -341,7 +341,10 @@ def reference_grid(name: str, ref: dict, table: str):
         )
         return report.styled(frame, f"{table} (%), {reference_caption(name, ref)}")
     caption = f"{table} ({glance.GRID_TABLES[table]}), ours over the paper's (grey): "
-    return HTML(glance.grid_html(glance.paper_grid(run, table), caption + glance.run_title(run)))
+    grid = glance.paper_grid(run, table)
+    return HTML(
+        glance.grid_html(grid, caption + glance.run_title(run), glance.grid_note(run, table))
+    )
 
 
 def reference_ood_tables(refs: dict) -> list:

@@ -178,7 +178,7 @@ INDEX: tuple[Entry, ...] = (
             "ccu.run.adversarial_noise.adversarial_noise",
             "ccu.report.tables.attack_table",
             "ccu.core.evaluate.success_rate",
-            "ccu.core.evaluate.strict_auc",
+            "ccu.core.evaluate.attack_auc",
         ),
         "book/adversarial_noise",
     ),

@@ -206,6 +206,38 @@ def paper_protocol_gaps(comp: pd.DataFrame) -> pd.DataFrame:
     return gaps[cols].reset_index(drop=True)
 
 
+def tie_headroom(
+    method: str, dataset: str = "mnist", profile: str = "paper", root: Path | None = None
+) -> dict:
+    """How far counting ties one half (the paper's way) could lift a committed Table 1 AUC that
+    counted them as failures (:func:`ccu.report.tables.ties_as_failures`), from the part's
+    worst scores: ``n_worst``, ``n_worst_at_zero`` (a log-confidence of exactly 0: a softmax
+    saturated in float32, tied with every test image saturated too), ``auc`` (%, as committed),
+    ``per_share`` (% the AUC gains per unit share of test images at exactly 0: half the share
+    of worst points there) and, given the paper's AUC, ``share_needed`` for it (the test scores
+    that would say are not in such a part). NaN where the part is not committed."""
+    folder = Path(root or REFERENCE_RESULTS) / profile / dataset
+    nan = float("nan")
+    out = dict(n_worst=nan, n_worst_at_zero=nan, auc=nan, per_share=nan, share_needed=nan)
+    arrays, part = folder / f"{method}.attack.npz", folder / f"{method}.attack.json"
+    if not (arrays.exists() and part.exists()):
+        return out
+    import json
+
+    with np.load(arrays) as z:
+        worst = z["worst_score"]
+    row = json.loads(part.read_text())["row"]
+    n, at_zero = len(worst), int((worst == 0).sum())
+    out.update(n_worst=n, n_worst_at_zero=at_zero, auc=100 * row[AUC])
+    out["per_share"] = 100 * 0.5 * at_zero / n if n else nan
+    t1 = report.paper_table("table1_adversarial_noise")
+    paper = t1[(t1.dataset == report.PAPER_DATASET.get(dataset)) & (t1.method == method)]
+    paper = paper[paper.metric == AUC].value
+    if len(paper) and out["per_share"] > 0:
+        out["share_needed"] = 100 * (float(paper.iloc[0]) - out["auc"]) / out["per_share"]
+    return out
+
+
 def _only(ref: dict, method: str) -> dict:
     return dict(ref, metrics={method: ref["metrics"][method]})
 
@@ -434,9 +466,10 @@ def paper_grid(run: dict, table: str = "Table 1") -> pd.DataFrame:
     return frame[[m for m in methods if m in frame.columns]].fillna(_cell(None, None))
 
 
-def grid_html(frame: pd.DataFrame, caption: str) -> str:
+def grid_html(frame: pd.DataFrame, caption: str, note: str = "") -> str:
     """:func:`paper_grid` as compact HTML: ``caption`` above, cells centred and narrow enough
-    that eleven methods fit the book's column (no scrolling to CCU's)."""
+    that eleven methods fit the book's column (no scrolling to CCU's); ``note`` below it (e.g.
+    :func:`grid_note`)."""
     from html import escape
 
     style = (
@@ -444,10 +477,12 @@ def grid_html(frame: pd.DataFrame, caption: str) -> str:
         "table.ccu-grid th,table.ccu-grid td{padding:2px 5px;text-align:center}"
         "table.ccu-grid td{border-top:1px solid #ddd;line-height:1.25}"
         "p.ccu-grid-caption{font-size:0.85em;font-weight:600;margin:0.4em 0 0.2em 0}"
+        "p.ccu-grid-note{font-size:0.8em;margin:-0.8em 0 1.2em 0}"
         ".ccu-paper{color:#6a6a6a}</style>"
     )
     styler = frame.style.set_table_attributes('class="ccu-grid"')
-    return f'{style}<p class="ccu-grid-caption">{escape(caption)}</p>{styler.to_html()}'
+    below = f'<p class="ccu-grid-note">{escape(note)}</p>' if note else ""
+    return f'{style}<p class="ccu-grid-caption">{escape(caption)}</p>{styler.to_html()}{below}'
 
 
 def plain_words_html(words: pd.DataFrame) -> str:
@@ -475,8 +510,15 @@ def run_grids_html(run: dict) -> str:
         grid = paper_grid(run, table)
         if grid.empty or not any(not c.startswith(MISSING + "<br>") for c in grid.values.ravel()):
             continue  # nothing of ours in this table (e.g. P_Stats without CCU)
-        parts.append(grid_html(grid, f"{table}: {what}, ours over the paper's (grey)"))
+        caption = f"{table}: {what}, ours over the paper's (grey)"
+        parts.append(grid_html(grid, caption, grid_note(run, table)))
     return "".join(parts)
+
+
+def grid_note(run: dict, table: str) -> str:
+    """What a run's grid of ``table`` needs said below it: for Table 1, the methods whose AUC
+    counts ties as failures (:func:`ccu.report.tables.ties_note`)."""
+    return report.ties_note(run.get("table1") or {}) if table == "Table 1" else ""
 
 
 def provenance_table(root: Path | None = None) -> pd.DataFrame:

@@ -103,9 +103,14 @@ CCU_MAX_FLOAT32_DEVIATION = "ccu_max_float32_deviation"
 
 # ---------------------------------------------------------- one method's row of table1.json
 #: Table 1's numbers over the certified centres: the clean test error, the attack's success
-#: rate and the strict AUC of in-distribution against the worst noise (fractions); the rows of
+#: rate and the AUC of in-distribution against the worst noise (fractions); the rows of
 #: the Table 1 tables are named by these keys, the paper's names (``ccu/reference/paper``)
 TE, SR, AUC = "TE", "SR", "AUC"
+#: Table 1's AUC with ties as failures (:func:`ccu.core.evaluate.strict_auc`), beside the
+#: paper's :data:`AUC` (ties one half); and how a row's :data:`AUC` counts ties:
+#: :data:`AUC_TIES_HALF`. A row without it (attacked before) counted them as failures: its AUC
+#: is the strict one, below the paper's way by up to half the share of tied pairs
+AUC_STRICT, AUC_TIES, AUC_TIES_HALF = "AUC_strict", "auc_ties", "one half"
 TABLE1_METRICS = (TE, SR, AUC)
 #: the largest distance of an attacked point from its centre over its ball's radius (<= 1)
 MAX_DISTANCE_OVER_RADIUS = "max_distance_over_radius"

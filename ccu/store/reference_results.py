@@ -21,7 +21,9 @@ A run on a lent GPU commits one method at a time, as it finishes, as a *part* (`
     <method>.attack.json       its row of Table 1 (its attack in the saved balls), the balls'
                                key, and its provenance (commit, device, torch, seconds)
     <method>.attack.npz        its worst points in the first eight certified balls and its
-                               worst score in every certified ball (Figure 2)
+                               worst score in every certified ball (Figure 2); and (parts
+                               written since) the test images' scores, from which Table 1's
+                               SR and AUC are computed again without the model
     balls.json, balls.npz      the certified balls (:mod:`ccu.run.balls`; with the ball method's
                                part; balls.npz only while small enough for git)
     radii.csv                  as above, from the balls

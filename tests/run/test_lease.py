@@ -187,6 +187,21 @@ def check_the_reduced_variant(ref: Path, folder: Path, tmp_path: Path):
 
 
 @pytest.mark.late  # the uninterrupted lease: built by the cut-short test at its end
+def test_a_part_carries_its_test_scores(whole):
+    """Table 1's SR and AUC can be computed again from a committed part (without the model):
+    it carries the test images' scores beside the worst ones."""
+    import numpy as np
+
+    from ccu.core import evaluate as ev
+
+    for method in METHODS:
+        with np.load(whole / f"{method}.attack.npz") as z:
+            row = json.loads((whole / f"{method}.attack.json").read_text())["row"]
+            assert len(z["test_score"]) > len(z["worst_score"]) > 0
+            assert row["AUC"] == ev.attack_auc(z["test_score"], z["worst_score"])
+            assert row["SR"] == ev.success_rate(z["worst_score"], z["test_score"])
+
+
 def test_absorb_never_replaces_a_committed_part_nor_mixes_balls(whole, tmp_path):
     folder = tmp_path / "reference" / LABEL / "digits"
     shutil.copytree(whole, folder)

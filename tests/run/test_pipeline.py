@@ -116,8 +116,33 @@ def test_adversarial_noise_table1(digits_runs):
     assert again.summary == adv.summary and np.array_equal(again.radii, adv.radii, equal_nan=True)
     table = report.attack_table(again.summary, "digits")
     assert list(table.columns.get_level_values(0).unique()) == ["Base", "CCU"]
+    for name, r in adv.methods.items():  # the paper's AUC (ties one half), the strict beside it
+        test, worst = runs[name].scores["test"], adv.worst_score[name]
+        assert r["auc_ties"] == "one half" and r["AUC"] == ev.auroc(test, worst)
+        assert r["AUC_strict"] == ev.strict_auc(test, worst) <= r["AUC"]
+    assert report.ties_as_failures(adv.summary) == [] and report.ties_note(adv.summary) == ""
     with pytest.raises(ValueError, match="needs a trained CCU run"):
         noise.adversarial_noise({"Base": runs["Base"]}, data, "smoke", root=root)
+
+
+def test_table1s_auc_counts_ties_one_half_as_the_papers_code_does():
+    """The paper's authors compute Table 1's AUC with scikit-learn's roc_auc_score of the
+    log-confidences (``gen_attack_stats.py``): a tie counts one half. Float32 log-confidences
+    saturate at exactly 0, so ties are common: counted as failures, OE's MNIST AUC was 0.5 %
+    against the paper's 35.2 %. A row saved before is brought up to date from its scores."""
+    test = np.array([0.0, 0.0, 0.0, -1.0])  # three saturated test images
+    worst = np.array([0.0, -2.0])  # one saturated worst point
+    # pairs: every test image beats -2 (4), the three saturated ones tie with 0 (3 x 1/2)
+    assert ev.attack_auc(test, worst) == pytest.approx(5.5 / 8)
+    assert ev.strict_auc(test, worst) == pytest.approx(4 / 8)
+    old = {"TE": 0.1, "SR": 0.5, "AUC": 4 / 8}  # a row attacked before: the strict AUC
+    new = noise.with_paper_auc(old, test, worst)
+    assert new["AUC"] == pytest.approx(5.5 / 8) and new["AUC_strict"] == 4 / 8
+    assert new["auc_ties"] == "one half" and old == {"TE": 0.1, "SR": 0.5, "AUC": 4 / 8}
+    assert noise.with_paper_auc(new, test, worst[:1]) is new  # up to date: as it is
+    t1 = {"methods": {"Base": old, "CCU": new}}
+    assert report.ties_as_failures(t1) == ["Base"]
+    assert report.ties_note(t1).startswith("AUC of Base: a tie")
 
 
 def test_report_tables_use_the_paper_numbers():
