@@ -57,6 +57,10 @@ class Method:
     #: figures show ``exp(score)`` as a confidence) or :data:`RAW_SCORE` (any other real
     #: number, shown as it is: MCD's minus variance, Maha's minus distance)
     score_kind = "log_confidence"
+    #: True: :meth:`score` draws noise (MCD's dropout passes): the attack's best of many draws
+    #: is biased up, so its points are scored once more, as the test images are
+    #: (:func:`ccu.run.adversarial_noise.attack_method`)
+    stochastic_score = False
     paper_network: str | None = None  # the paper's network for this method (MCD, GAN: VGG13)
 
     #: trains with :class:`ccu.Trainer`, so ``precision``, ``channels_last`` and ``compile`` apply

@@ -105,17 +105,18 @@ class ODINMethod(_PostHoc):
         )
 
     def log_probs(self, x):
-        x_t = _preprocess(lambda t: self._log_conf(t, self.temperature), x, self.eps)
-        return torch.log_softmax(self._require_model()(x_t) / self.temperature, 1)
+        """The network's own prediction on the clean input (at temperature T, which keeps its
+        argmax): ODIN only scores, so its test error is Base's, as in the paper's tables. The
+        pre-processed input was classified before, which moved a few test points."""
+        return torch.log_softmax(self._require_model()(x) / self.temperature, 1)
 
     def score(self, x):
         return self._score(x, self.temperature, self.eps)
 
     def log_probs_and_score(self, x):
-        """One pre-processing for both: the score is the maximum of the tempered log-softmax of
-        the pre-processed input (what :meth:`score` computes)."""
-        lp = self.log_probs(x)
-        return lp, lp.max(1).values
+        """The clean input's prediction (:meth:`log_probs`) and the score of the pre-processed
+        one (:meth:`score`)."""
+        return self.log_probs(x), self.score(x)
 
     def attack_surrogate(self):
         return lambda x: self._log_conf(x, self.temperature)

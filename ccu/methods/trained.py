@@ -238,6 +238,7 @@ class MCDMethod(BaseMethod):
 
     name = "MCD"
     score_kind = RAW_SCORE  # minus a variance
+    stochastic_score = True  # dropout at test time: each call draws new masks
     passes = 7
     paper_network = "vgg13"
     dropout = 0.5

@@ -516,9 +516,9 @@ def run_grids_html(run: dict) -> str:
 
 
 def grid_note(run: dict, table: str) -> str:
-    """What a run's grid of ``table`` needs said below it: for Table 1, the methods whose AUC
-    counts ties as failures (:func:`ccu.report.tables.ties_note`)."""
-    return report.ties_note(run.get("table1") or {}) if table == "Table 1" else ""
+    """What a run's grid of ``table`` needs said below it: for Table 1, the rows measured before
+    a fix (:func:`ccu.report.tables.table1_note`)."""
+    return report.table1_note(run.get("table1") or {}) if table == "Table 1" else ""
 
 
 def provenance_table(root: Path | None = None) -> pd.DataFrame:

@@ -120,8 +120,11 @@ def ties_as_failures(table1: dict) -> list[str]:
     (:data:`ccu.store.records.AUC_TIES`); the paper's way, such an AUC may be higher, by up to
     half the share of tied pairs (float32 log-confidences saturate at exactly 0)."""
     rows = table1.get(METHODS, {})
+    # an AUC of 1 (every test image above every worst point) has no tie: the same either way
     return [
-        m for m in ordered(rows) if AUC_TIES not in rows[m] and rows[m].get(AUC) == rows[m].get(AUC)
+        m
+        for m in ordered(rows)
+        if AUC_TIES not in rows[m] and rows[m].get(AUC) == rows[m].get(AUC) and rows[m][AUC] < 1
     ]
 
 
@@ -135,6 +138,38 @@ def ties_note(table1: dict) -> str:
         "as a failure (attacked before this library counted it one half, as the paper's code "
         "does); counted the paper's way it may be higher, by up to half the share of tied pairs."
     )
+
+
+def best_of_noisy_draws(table1: dict) -> list[str]:
+    """The methods of a ``table1.json`` whose score draws noise (MCD) and whose worst scores are
+    the best of many noisy draws: attacked before the points were scored once more
+    (:data:`ccu.store.records.WORST_SCORED_ONCE_MORE`); their SR is biased up, their AUC down."""
+    from ccu.methods import get_method
+    from ccu.store.records import WORST_SCORED_ONCE_MORE
+
+    out = []
+    for m, row in table1.get(METHODS, {}).items():
+        try:
+            noisy = bool(get_method(m).stochastic_score)
+        except (ValueError, TypeError, AttributeError):  # a plug-in not loaded here
+            noisy = False
+        if noisy and WORST_SCORED_ONCE_MORE not in row and row.get(SR) == row.get(SR):
+            out.append(m)
+    return ordered(out)
+
+
+def table1_note(table1: dict) -> str:
+    """What a Table 1 of these rows needs said below it: :func:`ties_note`, and the methods of
+    :func:`best_of_noisy_draws`; empty when nothing."""
+    notes = [ties_note(table1)]
+    noisy = best_of_noisy_draws(table1)
+    if noisy:
+        notes.append(
+            f"{', '.join(noisy)}: each worst score is the best of many noisy draws of its score "
+            "(attacked before its points were scored once more), so its SR is biased up and its "
+            "AUC down."
+        )
+    return " ".join(n for n in notes if n)
 
 
 def attack_table(table1: dict, dataset: str) -> pd.DataFrame:

@@ -57,6 +57,7 @@ from ccu.store.records import (
     SEEDS_WON_BY_SURROGATE,
     SR,
     TE,
+    WORST_SCORED_ONCE_MORE,
     Metrics,
     ball_certificate_summary,
 )
@@ -78,8 +79,12 @@ def attack_method(
     point with the higher *true* score is kept. Stochastic scores draw from a generator seeded
     with ``seed``. ``batch_size``: iterates per score evaluation (``None``: sized to the device,
     :func:`ccu.core.attacks.attack_batch_size`; the chapter *Adversarial noise*). ``gradient``: the
-    PGD step (:func:`ccu.core.attacks.ball_attack`; ``"raw"``, the paper's). Returns the
-    ``AttackResult`` (scores are true scores) and the number of centres the surrogate won."""
+    PGD step (:func:`ccu.core.attacks.ball_attack`; ``"raw"``, the paper's). A method whose
+    score draws noise (:attr:`ccu.methods.base.Method.stochastic_score`, MCD) has its points
+    scored once more: the attack keeps the best of many noisy draws, which is biased up
+    against the test images' single draws (the paper's authors score the final point once).
+    Returns the ``AttackResult`` (scores are true scores) and the number of centres the
+    surrogate won."""
     attack = dict(
         metric=metric, steps=steps, restarts=restarts, seed=seed, batch_size=batch_size,
         gradient=gradient,
@@ -88,6 +93,8 @@ def attack_method(
     with torch.random.fork_rng(devices=cuda_devices(method)):
         torch.manual_seed(seed)
         res = ball_attack(method.score, x0, rad, **attack)
+        if getattr(method, "stochastic_score", False):
+            res = _scored_once_more(method, res, batch_size)
         surrogate = method.attack_surrogate()
         if surrogate is None:
             return res, 0
@@ -103,6 +110,17 @@ def attack_method(
         res.history,
     )
     return res, int(take.sum())
+
+
+def _scored_once_more(method, res: AttackResult, batch_size=None) -> AttackResult:
+    """``res`` with each point's score drawn once more (a stochastic score's attack kept the
+    best of many draws)."""
+    judge = batch_size or attack_batch_size(method.score, res.x[:1], len(res.x))
+    with torch.no_grad():
+        score = (
+            torch.cat([method.score(b) for b in res.x.split(judge)]) if len(res.x) else res.score
+        )
+    return AttackResult(res.x, score.to(res.score), res.distance, res.history)
 
 
 @dataclass
@@ -173,11 +191,24 @@ class AdversarialResult:
 def attack_key(balls: Balls, config: dict, prof: Profile, seed: int) -> str:
     """What identifies one method's attack: the balls, the method's run (config key and files)
     and the attack's budget, step (:data:`TABLE1_GRADIENT`) and seed (the chunking is not part
-    of it: it does not change the attack); ``config``: the run's ``config.json``."""
+    of it: it does not change the attack); ``config``: the run's ``config.json``. A method whose
+    score draws noise has its points scored once more (:func:`attack_method`), which its key
+    says: an attack saved before that is not reused."""
+    once_more = ("scored once more",) if _stochastic(config.get("method")) else ()
     return digest(
         balls.key, store.config_key(config), config.get("files"), prof.attack_steps,
-        prof.attack_restarts, seed, TABLE1_GRADIENT,
+        prof.attack_restarts, seed, TABLE1_GRADIENT, *once_more,
     )  # fmt: skip
+
+
+def _stochastic(name) -> bool:
+    """Whether the method called ``name`` declares a score that draws noise."""
+    from ccu.methods import get_method
+
+    try:
+        return bool(get_method(name).stochastic_score)
+    except (ValueError, TypeError, AttributeError):
+        return False
 
 
 def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, attack_batch=None):
@@ -230,6 +261,7 @@ def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, att
             AUC: ev.attack_auc(test_scores, worst),
             AUC_STRICT: ev.strict_auc(test_scores, worst),
             AUC_TIES: AUC_TIES_HALF,
+            **({WORST_SCORED_ONCE_MORE: True} if getattr(m, "stochastic_score", False) else {}),
             MAX_DISTANCE_OVER_RADIUS: float(ratio.max()),
             SEEDS_WON_BY_SURROGATE: won,
             ATTACK_GRADIENT: TABLE1_GRADIENT,

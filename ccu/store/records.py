@@ -111,6 +111,10 @@ TE, SR, AUC = "TE", "SR", "AUC"
 #: :data:`AUC_TIES_HALF`. A row without it (attacked before) counted them as failures: its AUC
 #: is the strict one, below the paper's way by up to half the share of tied pairs
 AUC_STRICT, AUC_TIES, AUC_TIES_HALF = "AUC_strict", "auc_ties", "one half"
+#: True in the row of a method whose score draws noise (MCD) when its worst points were scored
+#: once more after the attack (:func:`ccu.run.adversarial_noise.attack_method`); such a row
+#: without it kept the best of many noisy draws, biased up
+WORST_SCORED_ONCE_MORE = "worst_scored_once_more"
 TABLE1_METRICS = (TE, SR, AUC)
 #: the largest distance of an attacked point from its centre over its ball's radius (<= 1)
 MAX_DISTANCE_OVER_RADIUS = "max_distance_over_radius"

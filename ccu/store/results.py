@@ -87,6 +87,12 @@ RESULT_COMPATIBLE_VERSIONS = {
         "stream (also for the metric's augmented sample); MCD's prediction and score from "
         "separate dropout passes"
     ),
+    "0.5.0": (
+        "Table 1's AUC counted a tie as a failure (the paper: one half; said under each grid), "
+        "MCD's worst scores were the best of many noisy draws, ODIN's test error came from its "
+        "pre-processed input, the float64 forward pass expanded its distances, the GAUC with "
+        "ties one half compared float32 confidences (not shown)"
+    ),
     "0.4.0": (
         "certificates with float32 log normalisers and expanded distances (radii up to ~1e-7 "
         "relative off, some slightly too large); now float64 throughout, with a rounding margin"

@@ -243,3 +243,27 @@ def test_vgg13_for_the_paper_profile_methods():
         ccu.core.nets.make_classifier("vgg", (3, 32, 32), 10)
     with pytest.raises(ValueError, match="unknown methods \\['MDC'\\]"):
         ccu.get_profile("smoke", vgg_methods=["MDC"])
+
+
+class _Tent(torch.nn.Module):
+    """Class 0's logit rises to x0 = 1, then falls: a signed step past the peak flips it."""
+
+    def forward(self, x):
+        return torch.stack([1 - (x[:, 0] - 1).abs(), torch.zeros_like(x[:, 0])], 1)
+
+
+def test_odin_predicts_with_the_networks_own_prediction_on_the_clean_input():
+    """ODIN only scores: its test error is Base's (the paper's tables give both the same). Its
+    prediction came from the pre-processed input, which can step past a boundary (CIFAR-10: one
+    test point more wrong than Base)."""
+    data = load_dataset("moons").subset(200)
+    m = ODINMethod(data.spec, ccu.train_settings("moons"), ccu.get_profile("smoke"))
+    m.model = _Tent()
+    m.temperature, m.eps = 1.0, 2.5
+    x = torch.tensor([[0.9, 0.0], [-0.5, 0.0], [1.5, 0.0]])
+    want = m.model(x).argmax(1)  # the network's own: [0, 1, 0]
+    assert torch.equal(m.log_probs(x).argmax(1), want)
+    lp, score = m.log_probs_and_score(x)
+    assert torch.equal(lp.argmax(1), want) and torch.allclose(score, m.score(x))
+    moved = x + 2.5 * torch.tensor([[1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]])  # ODIN's step
+    assert not torch.equal(m.model(moved).argmax(1), want)  # where the old prediction came from
