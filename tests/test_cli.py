@@ -502,3 +502,41 @@ def test_a_family_in_a_module_trains_from_the_cli_with_plugin(plugin_files, tmp_
     (tmp_path / "raises.py").write_text("raise RuntimeError('boom')\n")
     assert cli.main(["methods", "--plugin", "raises.py"]) == cli.EXIT_USAGE
     assert "failed to import: RuntimeError: boom" in capsys.readouterr().err
+
+
+def test_more_bad_arguments_are_one_line_before_any_step(tmp_path, capsys):
+    """Each was a traceback, a wrong exit code or silently wrong (a review of the tools'
+    errors); an output folder that is a file failed only after the run it was to hold."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    base = ["--dataset", "digits", "--results", str(tmp_path / "r")]
+    cases = [
+        ([*TRAIN, "--threads", "-1"], "--threads must be a positive integer"),
+        ([*TRAIN, "--threads", "0"], "--threads must be a positive integer"),
+        ([*TRAIN, "--gpu-slots", str(tmp_path), "--jobs-per-gpu", "0"], "--jobs-per-gpu must"),
+        (["run", *base, "--budget-seconds", "-5"], "--budget-seconds must be a positive"),
+        (["run", *base, "--budget-seconds", "0"], "--budget-seconds must be a positive"),
+        (["run", *base, "--reference-out", str(afile)], "--reference-out"),
+        (["tables", *base, "--out", str(afile)], "--out"),
+        (["part", *base, "--method", "Base", "--out", str(afile)], "--out"),
+        (["compare-densities", *base, "--method", "Base", "CCU"], "Base is not one"),
+    ]
+    for argv, said in cases:
+        assert cli.main(argv) == cli.EXIT_USAGE, argv
+        assert said in _one_error_line(capsys), argv
+    assert cli.main(["reference", *base, "--method", "Base", "--seed", "3",
+                     "--out", str(tmp_path / "o")]) == cli.EXIT_MISSING  # fmt: skip
+    assert "run `ccu attack`" in _one_error_line(capsys)
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_a_plugin_cannot_replace_a_built_in_method(tmp_path, capsys):
+    plugin = tmp_path / "shadow.py"
+    plugin.write_text(
+        "import ccu\n\n@ccu.register_method\nclass Shadow(ccu.BaseMethod):\n    name = 'Base'\n"
+    )
+    assert cli.main(["methods", "--plugin", str(plugin)]) == cli.EXIT_USAGE
+    assert "a plug-in cannot replace it" in _one_error_line(capsys)
+    from ccu.methods import get_method
+
+    assert get_method("Base").__module__ == "ccu.methods.base"

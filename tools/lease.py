@@ -1794,6 +1794,12 @@ def prepare_command(args) -> int:
 
     try:
         overrides = json.loads(args.overrides or "{}")
+        if not isinstance(overrides, dict):
+            raise ValueError(
+                f"--overrides must be a JSON object of profile fields, not {args.overrides}"
+            )
+        if args.seed < 0:
+            raise ValueError(f"--seed must be a non-negative integer, not {args.seed}")
         if args.check:
             return 0 if check_init(args.dataset, args.profile, args.seed, None, overrides) else 1
         prepare(args.dataset, args.profile, args.seed, overrides=overrides)
@@ -2375,7 +2381,7 @@ def absorb_command(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "call", help="on the device: a call's profile label and DE's size, then its lanes"
@@ -2392,11 +2398,16 @@ def main(argv=None) -> int:
     p.add_argument("--overrides", default="", help="JSON profile fields (a reduced variant)")
     p.add_argument("--check", action="store_true",
                    help="fit nothing: say whether a carried fit matches this machine (exit 1 if not)")  # fmt: skip
+    helps = {
+        "plan": "here: the device calls of a lease, from git's state and the device time left",
+        "absorb": "here, after each call: unpack, check and commit what it brought back",
+    }
     for name in ("plan", "absorb"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name])
         if name == "absorb":
             p.add_argument("files_at", help="the folder a device call's files lie in (files_at)")
-        p.add_argument("--dataset", required=name == "plan", help="absorb: only this dataset")
+        p.add_argument("--dataset", required=name == "plan",
+                       help="the dataset to plan" if name == "plan" else "only this dataset's parts")  # fmt: skip
         if name == "plan":
             p.add_argument("--profile", default="paper")
         p.add_argument("--reference", default=str(REPO / "reference-results"))

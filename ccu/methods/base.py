@@ -34,6 +34,16 @@ def register_method(cls):
             f"{cls.__name__}.score_kind is {cls.score_kind!r}; declare one of {SCORE_KINDS} (is "
             "score the log of a probability, or another real number?)."
         )
+    built_in = METHODS.get(cls.name)
+    if (
+        built_in is not None
+        and built_in.__module__.startswith("ccu.")
+        and not cls.__module__.startswith("ccu.")
+    ):  # a plug-in named like one of the paper's methods would replace it (ODIN's Base too)
+        raise TypeError(
+            f"{cls.__name__} is named {cls.name!r}, a built-in method's name: a plug-in cannot "
+            "replace it; give it a name of its own."
+        )
     METHODS[cls.name] = cls
     return cls
 

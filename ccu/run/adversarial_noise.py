@@ -168,7 +168,14 @@ class AdversarialResult:
 
     @classmethod
     def load(cls, directory: Path) -> AdversarialResult:
+        from ccu.run.checks import MissingError
+
         directory = Path(directory)
+        if not (directory / store.TABLE1).exists():
+            raise MissingError(
+                f"no adversarial-noise results in {directory} (no {store.TABLE1}): run `ccu "
+                "attack` for this dataset, profile and seed first."
+            )
         summary = store.read_json(directory / store.TABLE1)
         arrays = store.read_npz(directory / store.ADVERSARIAL)
         try:

@@ -159,6 +159,25 @@ def check_arguments(args) -> None:
     device = getattr(args, "device", None)
     if device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         raise UsageError(f"--device {device!r} is not a device; use cpu, cuda, cuda:N or auto.")
+    for attr, flag in (("threads", "--threads"), ("jobs_per_gpu", "--jobs-per-gpu")):
+        value = getattr(args, attr, None)
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive integer, not {value}.")
+    budget = getattr(args, "budget_seconds", None)
+    if budget is not None and not budget > 0:
+        raise UsageError(f"--budget-seconds must be a positive number of seconds, not {budget}.")
+    # output folders: refused before a step runs, not after it (a run's --reference-out)
+    for attr, flag in (("out", "--out"), ("part_out", "--part-out"), ("reference_out", "--reference-out")):  # fmt: skip
+        value = getattr(args, attr, None)
+        if isinstance(value, (str, Path)) and value:
+            check_results_dir(value, flag)
+    if getattr(args, "command", None) == "compare-densities":
+        not_ccu = [m for m in args.method if not (m == "CCU" or m.startswith("CCU-"))]
+        if not_ccu:
+            raise UsageError(
+                f"compare-densities compares CCU's density families; {', '.join(not_ccu)} "
+                "is not one: give CCU and CCU-<family> methods."
+            )
     if getattr(args, "results", None):
         check_results_dir(args.results, "--results")
     elif hasattr(args, "results") and os.environ.get("CCU_RESULTS"):
