@@ -329,6 +329,11 @@ def test_precision_reaches_the_runs_and_a_bf16_run_is_reused_only_as_bf16(tmp_pa
     assert err.count("\n") == 1 and err.startswith("[ccu] error: ")
     assert "precision: 'bf16' here, 'float32' asked" in err and "--results" in err
     assert (run_dir / "config.json").read_bytes() == before
+    # evaluating it as float32 showed the bf16 run's metrics (exit 0): now it says so, exit 3
+    assert cli.main(["evaluate", *base, "--method", "Base"]) == cli.EXIT_MISSING
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trained in bf16, not float32" in err
+    assert cli.main(["evaluate", *base, "--method", "Base", "--precision", "bf16"]) == 0
 
 
 # ----------------------------------------------------------------- results never replaced

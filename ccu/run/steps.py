@@ -86,7 +86,7 @@ def train_one(spec: RunSpec, root=None, data=None, on_epoch_end=None) -> dict:
 
 def saved_run(spec: RunSpec, root=None):
     """The complete saved run's ``(config, scores, metrics, files)``; :class:`MissingError` when
-    there is none or it was made with another profile or seed."""
+    there is none or it was made with another profile, seed or precision."""
     from ccu.store import results as store
 
     prof, seed = spec.profile, spec.seed
@@ -105,6 +105,12 @@ def saved_run(spec: RunSpec, root=None):
             f"the saved run in {files.directory} was made with another profile or seed "
             f"({config.get('profile', {}).get('name')}, seed {config.get('seed')}); retrain it "
             "with `ccu train` and the same --profile/--overrides/--seed."
+        )
+    made, asked = config.get("precision", "float32"), spec.options.precision
+    if made != asked:  # a bf16 run is not the float32 one, nor the other way round
+        raise MissingError(
+            f"the saved run in {files.directory} was trained in {made}, not {asked}: train it "
+            f"with `ccu train ... --precision {asked}`, or leave --precision as it was trained."
         )
     files.verify(config)
     return (
