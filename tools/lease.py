@@ -1426,10 +1426,17 @@ def print_plan(args) -> int:
         print(f"[lease] error: {what} --dataset {args.dataset!r}; a lease plans one of: "
               f"{', '.join(images)}", file=sys.stderr)  # fmt: skip
         return 2
-    if not Path(args.reference).is_dir():
-        print(f"[lease] error: --reference {args.reference} is not a folder of reference "
+    reference = Path(args.reference)
+    if reference.exists() and not reference.is_dir():
+        print(f"[lease] error: --reference {reference} is a file, not a folder of reference "
               "results (the plan starts from what it holds)", file=sys.stderr)  # fmt: skip
+        return 2
+    if not reference.parent.is_dir():
+        print(f"[lease] error: --reference {reference}: {reference.parent} does not exist (the "
+              "plan starts from what the folder holds)", file=sys.stderr)  # fmt: skip
         return 3
+    if not reference.exists():  # a new folder: nothing committed (said, in case of a typo)
+        print(f"({reference} does not exist yet: nothing is committed there)", file=sys.stderr)
     try:
         label, fields = grid_label(args)
     except (ValueError, TypeError) as exc:  # an unknown profile or dataset: one line
@@ -1486,6 +1493,9 @@ def print_plan(args) -> int:
     zero = None if on_machine else call_zero(
         args.dataset, too_long, [method_of(m) for c in calls for m in c.methods] + later
     )  # fmt: skip
+    zero_left_out = None  # a call 0 the budget cannot hold: not planned, said below
+    if zero and zero_seconds(args.dataset, len(zero[3]))[0] > budget:
+        zero_left_out, zero = zero, None
     # reduced variants of the paper's protocol only (EPOCHS is its epochs): not in a grid
     # reduced whole (--epochs), whose label a variant's could be
     paper = args.profile == "paper" and not args.epochs
@@ -1540,10 +1550,10 @@ def print_plan(args) -> int:
     if len(parts) > 1 and args.warm:
         print(f"(the data of {args.dataset}, {len(parts)} parts, is assumed gathered on the warm "
               "machine; if it went cold, plan again without --warm)")  # fmt: skip
-    if zero and not unpacked and zero_seconds(args.dataset, len(zero[3]))[0] > budget:
-        timeout = zero_seconds(args.dataset, len(zero[3]))[0]
-        print(f"call 0 ({zero[1]}) needs a timeout_s of {timeout}, more than the {budget} s "
-              "left: not in this lease")  # fmt: skip
+    if zero_left_out and not unpacked:
+        timeout = zero_seconds(args.dataset, len(zero_left_out[3]))[0]
+        print(f"call 0 ({zero_left_out[1]}) needs a timeout_s of {timeout}, more than the "
+              f"{budget} s left: not in this lease")  # fmt: skip
     elif zero and not unpacked:
         command, what, files, timed = zero
         timeout, work = zero_seconds(args.dataset, len(timed))
@@ -1929,6 +1939,9 @@ def _check_members(where: str, files: dict[str, bytes]) -> None:
                 raise bad(name, f"not listed in {SUMS_FILE}")
             if hashlib.sha256(data).hexdigest() != want.strip():
                 raise bad(name, f"its sha256 is not the one {SUMS_FILE} lists")
+        for name in listed:
+            if name.lstrip("*") not in files:
+                raise bad(name.lstrip("*"), f"listed in {SUMS_FILE} but not in the archive")
     parsed = {}
     for name, data in files.items():
         if name == SUMS_FILE:

@@ -30,7 +30,7 @@ import torch
 
 from ccu.core.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
 from ccu.core.density import _radius, float64_copy, whiten64
-from ccu.core.metric import squared_distances
+from ccu.core.metric import exact_distances, expanded_squared_distances, expansion_error
 from ccu.core.model import CCU
 from ccu.core.validation import as_tensor, check_batch
 
@@ -313,7 +313,12 @@ class Theorem1Terms:
 
 
 def nearest_training_point(metric, z: torch.Tensor, train_x, chunk: int = 4096):
-    """``(min_i d(z, x_i), argmin_i)`` under ``metric``, chunked over the training set (float64)."""
+    """``(min_i d(z, x_i), argmin_i)`` under ``metric``, chunked over the training set (float64).
+
+    The distances of the minimum are the direct ones (no cancellation, as the certificates take
+    them): the fast expansion ``|a|^2 + |b|^2 - 2 a.b`` picks the candidates, every point whose
+    expanded distance may be the least within its rounding bound
+    (:func:`ccu.core.metric.expansion_error`), and those are measured exactly."""
     train = check_batch(as_tensor(train_x, "train_x"), metric.dim, "train_x")
     wz = whiten64(metric, z, metric.dim)
     W = metric.whitening.double()
@@ -321,7 +326,14 @@ def nearest_training_point(metric, z: torch.Tensor, train_x, chunk: int = 4096):
     arg = torch.zeros(z.shape[0], dtype=torch.long, device=W.device)
     for start in range(0, train.shape[0], chunk):
         wt = train[start : start + chunk].to(W) @ W
-        sq = squared_distances(wz, wt)
+        fast, err = expanded_squared_distances(wz, wt), expansion_error(wz, wt)
+        cutoff = (fast + err).min(dim=1, keepdim=True).values
+        i, k = ((fast - err) <= cutoff).nonzero(as_tuple=True)  # may be the nearest
+        if len(i) > 4 * len(wz):  # far from the origin the bound admits many: all directly
+            sq = exact_distances(wz, wt).square()
+        else:
+            sq = torch.full_like(fast, float("inf"))
+            sq[i, k] = (wz[i] - wt[k]).square().sum(1)
         val, j = sq.min(dim=1)
         better = val < best
         best = torch.where(better, val, best)

@@ -251,13 +251,17 @@ def _check_batch_bounds(dens64, pool, d, device, spread, seed, log_radii, tol, r
         w0 = w0.to(device)
         labels = [f"random centre {i} of the batch (seed {seed})" for i in range(len(w0))]
     n = len(w0)
-    if n < 2:
+    if n < 2 or report.problems:  # bounds of the wrong kind are reported already
         return
     r = torch.tensor([10.0 ** log_radii[i % len(log_radii)] for i in range(n)], dtype=w0.dtype)
     r = r.to(device)
     with torch.no_grad():
         batch = dens64.ball_bounds_whitened(w0)
-        up, lo = batch.upper(r).detach(), batch.lower(r).detach()
+        up, lo = batch.upper(r), batch.lower(r)
+        if not all(isinstance(t, torch.Tensor) for t in (up, lo)):
+            report.problems.append(f"bounds of a batch of {n} centres must be float64 tensors")
+            return
+        up, lo = up.detach(), lo.detach()
         if up.shape != (n,) or lo.shape != (n,):
             what = f"{tuple(up.shape)} and {tuple(lo.shape)}"
             report.problems.append(

@@ -182,8 +182,28 @@ def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     if a.dtype == torch.float64 or b.dtype == torch.float64:
         return exact_distances(a, b).square()
+    return expanded_squared_distances(a, b)
+
+
+def expanded_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``|a|^2 + |b|^2 - 2 a.b`` (clamped at 0), in any dtype: a matrix product, fast, whose
+    rounding error is at most :func:`expansion_error` (a search for the nearest points that
+    then checks its candidates exactly: :func:`ccu.core.bounds.nearest_training_point`)."""
     sq = (a * a).sum(1, keepdim=True) + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
     return sq.clamp_min(0.0)
+
+
+def expansion_error(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A bound on the rounding error of :func:`expanded_squared_distances` (N, K): each of
+    ``|a|^2``, ``|b|^2`` and ``a.b`` is a sum of ``D`` products, off by at most ``gamma_D =
+    D u / (1 - D u)`` of its absolute terms whatever the order of summation (Higham, *Accuracy
+    and Stability of Numerical Algorithms*, eq. (3.5)), and ``2 |a.b| <= |a|^2 + |b|^2``; the
+    last additions add a few ``u`` more. ``u`` is the dtype's unit roundoff."""
+    d = a.shape[1]
+    u = torch.finfo(a.dtype).eps / 2
+    gamma = d * u / (1 - d * u)
+    size = (a * a).sum(1, keepdim=True) + (b * b).sum(1)[None, :]
+    return (2 * gamma + 4 * u) * size
 
 
 def exact_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

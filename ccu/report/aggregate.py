@@ -102,7 +102,7 @@ def collect(profile, dataset: str, root=None, seeds=None, methods=None) -> SeedR
             if methods is not None:  # the methods asked for, in Table 1 as in the others
                 rows = table1.get(METHODS, {})
                 table1 = dict(table1, **{METHODS: {m: r for m, r in rows.items() if m in methods}})
-            runs.table1[seed] = table1
+            runs.table1[seed] = _with_paper_aucs(table1, profile, dataset, root, seed)
         if seed not in runs.metrics and seed not in runs.table1 and seeds is not None:
             raise NoResultsError(
                 f"no results of {dataset} for seed {seed} (profile {label}) under {sd}."
@@ -113,6 +113,29 @@ def collect(profile, dataset: str, root=None, seeds=None, methods=None) -> SeedR
             f"{store.root_dir(root) / label / dataset}; train first (`ccu run` or the workflow)."
         )
     return runs
+
+
+def _with_paper_aucs(table1: dict, profile, dataset: str, root, seed: int) -> dict:
+    """``table1.json`` of one seed with every row's AUC counted as the paper counts it (ties one
+    half; :func:`ccu.store.records.with_paper_auc`): a seed attacked before kept the strict AUC,
+    which a mean over seeds would mix with the others'. A row whose scores are not there (a run
+    deleted since) stays as it is, and its table says so (:func:`ccu.report.tables.ties_note`)."""
+    from ccu.store.records import AUC_TIES, with_paper_auc
+
+    rows = table1.get(METHODS, {})
+    if all(AUC_TIES in r for r in rows.values()):
+        return table1
+    arrays = store.adversarial_dir(profile, dataset, root, seed) / store.ADVERSARIAL
+    worst = store.read_npz(arrays) if arrays.exists() else {}
+    out = {}
+    for m, row in rows.items():
+        scores = store.method_dir(profile, dataset, m, root, seed) / store.SCORES
+        key = f"{m}_worst_score"
+        if AUC_TIES in row or key not in worst or not scores.exists():
+            out[m] = row
+        else:
+            out[m] = with_paper_auc(row, store.read_npz(scores)["test"], worst[key])
+    return dict(table1, **{METHODS: out})
 
 
 def mean_sd(values) -> tuple[float, float, int]:

@@ -22,6 +22,8 @@ from ccu.report import tables as report
 from ccu.store.records import (
     ATTACK_GRADIENT,
     AUC,
+    AUC_STRICT,
+    AUC_TIES,
     AUPR_IN,
     AUROC,
     COMMIT,
@@ -215,7 +217,8 @@ def tie_headroom(
     saturated in float32, tied with every test image saturated too), ``auc`` (%, as committed),
     ``per_share`` (% the AUC gains per unit share of test images at exactly 0: half the share
     of worst points there) and, given the paper's AUC, ``share_needed`` for it (the test scores
-    that would say are not in such a part). NaN where the part is not committed."""
+    that would say are not in such a part). ``auc`` is the strict AUC (ties as failures) also
+    for a part committed since, which holds both. NaN where the part is not committed."""
     folder = Path(root or REFERENCE_RESULTS) / profile / dataset
     nan = float("nan")
     out = dict(n_worst=nan, n_worst_at_zero=nan, auc=nan, per_share=nan, share_needed=nan)
@@ -228,7 +231,9 @@ def tie_headroom(
         worst = z["worst_score"]
     row = json.loads(part.read_text())["row"]
     n, at_zero = len(worst), int((worst == 0).sum())
-    out.update(n_worst=n, n_worst_at_zero=at_zero, auc=100 * row[AUC])
+    # the AUC with ties as failures: under AUC in a row from before, beside it since
+    strict = row.get(AUC_STRICT, row[AUC]) if AUC_TIES in row else row[AUC]
+    out.update(n_worst=n, n_worst_at_zero=at_zero, auc=100 * strict)
     out["per_share"] = 100 * 0.5 * at_zero / n if n else nan
     t1 = report.paper_table("table1_adversarial_noise")
     paper = t1[(t1.dataset == report.PAPER_DATASET.get(dataset)) & (t1.method == method)]

@@ -34,7 +34,8 @@ def ties_half_shown(guarantees: dict) -> bool:
     compared the float64 model's confidences (:data:`ccu.store.records.CONFIDENCE_IN`). Before,
     it compared the run's float32 scores, and the trivial bound 1 tied with every confidence
     that rounds to 1 in float32: half a success for no guarantee (25 % at GOOD's eps on MNIST,
-    where every bound was 1). The strict GAUC (ties lose, as GOOD counts them) stands."""
+    where every bound was 1). The strict GAUC (ties lose, as GOOD counts them) stands, up to
+    a confidence within 6e-8 of 1 that float32 rounded above a bound just below 1."""
     return guarantees.get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64
 
 

@@ -60,6 +60,7 @@ from ccu.store.records import (
     WORST_SCORED_ONCE_MORE,
     Metrics,
     ball_certificate_summary,
+    with_paper_auc,
 )
 from ccu.store.results import CorruptResultError
 
@@ -292,19 +293,6 @@ def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, att
     return row, worst_x, worst
 
 
-def with_paper_auc(row: dict, test_scores, worst) -> dict:
-    """A saved Table 1 row with the paper's AUC (ties one half,
-    :func:`ccu.core.evaluate.attack_auc`): a row attacked before :data:`ccu.store.records.AUC_TIES` existed holds the
-    strict AUC under ``AUC``; its attack is the same, so the row is brought up to date from its
-    worst scores and the run's test scores (the file is left as it is)."""
-    if AUC_TIES in row:
-        return row
-    row = dict(row, **{AUC_STRICT: row.get(AUC), AUC_TIES: AUC_TIES_HALF})
-    if len(worst):
-        row[AUC] = ev.attack_auc(test_scores, worst)
-    return row
-
-
 def _is_ball_run(name: str, run: RunResult, balls: Balls) -> bool:
     """Whether ``run`` is the run that certified ``balls`` (its radii are its own)."""
     return name == balls.summary[BALLS_FROM] and run.config.get("files") == balls.ball_run_files
@@ -484,7 +472,8 @@ def adversarial_noise(
     uniform-noise centres (:attr:`ccu.Profile.n_centres`) whose bound at ``R = 0`` is above
     ``level / M`` are **uncertified**: they get no ball, are not attacked and are counted apart
     (``n_certified``, ``n_uncertified``). Per method, over the certified centres: TE, SR, AUC
-    (strict: ties are failures), the worst scores and points. The certified AUC counts
+    (a tie one half, as the paper's; ``AUC_strict`` beside it: ties as failures), the worst
+    scores and points. The certified AUC counts
     uncertified centres as failures (no guarantee there). CCU's worst points are judged by the
     float64 model (:func:`ccu.check_certificate`). Methods attacked before a kill are not
     attacked again. ``attack_batch``: iterates per score evaluation of the attack (``None``:

@@ -159,7 +159,7 @@ def write_part(
 
     from ccu.run.adversarial_noise import attack_key, saved_balls
     from ccu.run.checks import MissingError
-    from ccu.store.records import ATTACK_KEY
+    from ccu.store.records import ATTACK_KEY, with_paper_auc
 
     out = Path(out_dir) / prof.label / dataset
     d = store.method_dir(prof, dataset, method, root, seed)
@@ -175,6 +175,10 @@ def write_part(
         )
     attack = store.read_json(meta)
     config = store.read_config(d / store.CONFIG)
+    worst_scores = store.read_npz(arrays)["worst_score"] if arrays.exists() else None
+    test_scores = store.read_npz(d / store.SCORES)["test"]
+    if worst_scores is not None:  # an attack saved before: its row as Table 1 counts it now
+        attack[PART_ROW] = with_paper_auc(attack[PART_ROW], test_scores, worst_scores)
     if attack.get(ATTACK_KEY) != attack_key(balls, config, prof, seed):
         raise MissingError(
             f"the attack in {meta} was made on another {method} run or in other balls; run "
@@ -210,11 +214,10 @@ def write_part(
     worst = store.read_npz(arrays)
     # the test images' scores too (~40 KB): Table 1's SR and AUC can be computed again from the
     # committed part, without the model (e.g. under another convention for ties)
-    test_score = store.read_npz(d / store.SCORES)["test"]
     buf = io.BytesIO()
     np.savez_compressed(
         buf, worst_x=worst["worst_x"][:FIGURE2_BALLS], worst_score=worst["worst_score"],
-        test_score=test_score,
+        test_score=test_scores,
     )  # fmt: skip
     store.atomic_bytes(method_file(out, method, ATTACK_ARRAYS), buf.getvalue())
     store.write_json(

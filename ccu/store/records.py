@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from ccu.core.evaluate import AUPR_IN, AUPR_OUT, AUROC, FPR95
+from ccu.core.evaluate import AUPR_IN, AUPR_OUT, AUROC, FPR95, attack_auc
 
 if TYPE_CHECKING:
     from ccu.core.settings import Profile
@@ -111,6 +111,21 @@ TE, SR, AUC = "TE", "SR", "AUC"
 #: :data:`AUC_TIES_HALF`. A row without it (attacked before) counted them as failures: its AUC
 #: is the strict one, below the paper's way by up to half the share of tied pairs
 AUC_STRICT, AUC_TIES, AUC_TIES_HALF = "AUC_strict", "auc_ties", "one half"
+
+
+def with_paper_auc(row: dict, test_scores, worst) -> dict:
+    """A saved Table 1 row with the paper's AUC (ties one half,
+    :func:`ccu.core.evaluate.attack_auc`): a row attacked before :data:`AUC_TIES` existed holds the
+    strict AUC under ``AUC``; its attack is the same, so the row is brought up to date from its
+    worst scores and the run's test scores (the file is left as it is)."""
+    if AUC_TIES in row:
+        return row
+    row = dict(row, **{AUC_STRICT: row.get(AUC), AUC_TIES: AUC_TIES_HALF})
+    if len(worst):
+        row[AUC] = attack_auc(test_scores, worst)
+    return row
+
+
 #: True in the row of a method whose score draws noise (MCD) when its worst points were scored
 #: once more after the attack (:func:`ccu.run.adversarial_noise.attack_method`); such a row
 #: without it kept the best of many noisy draws, biased up
@@ -479,7 +494,8 @@ GAUC, GAUC_STRICT, MEDIAN_BOUND = "gauc", "gauc_strict", "median_bound"
 #: which in-distribution confidences the AUCs compare with the bounds: "float64 model" (the
 #: model the bounds are about). A file without it compared the run's float32 scores: there the
 #: trivial bound 1 tied with every confidence that rounds to 1 in float32, which the GAUC with
-#: ties one half counted as half a success (the strict GAUC and the certified AUC stand)
+#: ties one half counted as half a success (the strict GAUC and the certified AUC stand, up to a
+#: confidence within 6e-8 of 1 that float32 rounded above a bound just below 1)
 CONFIDENCE_IN = "confidence_in"
 CONFIDENCE_IN_FLOAT64 = "float64 model"
 #: the quantile of a row's radii that is their median

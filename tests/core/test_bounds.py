@@ -9,6 +9,7 @@ from helpers import (
     printed_theorem1_counterexample,
     random_ccu,
     random_ccus,
+    random_metric,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -279,3 +280,25 @@ def test_a_nan_confidence_inside_a_certified_ball_is_a_violation():
     check = ccu.check_certificate(model, pts, x0, radius, box=None)
     assert bool(check.confidence64[0].isnan()) and bool(check.inside.all())
     assert check.violated.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e4, 1e8])
+def test_the_nearest_training_point_is_found_with_direct_distances(offset):
+    """Theorem 1's left-hand side (and the images inside the balls): the expansion picks the
+    candidates fast, within its rounding bound, and they are measured directly; far from the
+    origin the expansion alone loses every digit of the distances."""
+    from ccu.core.bounds import nearest_training_point
+    from ccu.core.metric import expanded_squared_distances
+
+    gen = torch.Generator().manual_seed(0)
+    metric = random_metric(gen, 6, spread=1.0)
+    z = offset + torch.rand(30, 6, generator=gen, dtype=torch.float64)
+    train = offset + torch.rand(500, 6, generator=gen, dtype=torch.float64)
+    train[7] = z[2] + 1e-9  # a near duplicate
+    d, j = nearest_training_point(metric, z, train, chunk=128)
+    wz, wt = metric.whiten(z), metric.whiten(train)
+    brute = ((wz[:, None] - wt[None]) ** 2).sum(-1)
+    assert torch.equal(j, brute.argmin(1)) and int(j[2]) == 7
+    torch.testing.assert_close(d, brute.min(1).values.sqrt(), rtol=1e-12, atol=1e-12)
+    if offset >= 1e8:  # what the expansion alone would give: wrong
+        assert not torch.equal(expanded_squared_distances(wz, wt).argmin(1), brute.argmin(1))

@@ -432,3 +432,23 @@ def test_the_checkers_slack_is_rounding_not_a_fraction_of_log_p():
     assert ccu.core.density_check.TOL <= ccu.core.bounds.ROUNDING_MARGIN / 4
     good, xs = _fitted(ccu.GaussianMixture)
     assert check_density(good, centres=xs[::7], max_examples=15).passed
+
+
+class NumpyBounds(ccu.GaussianMixture):
+    """Bounds of the wrong kind (numpy arrays): a problem to report, not a crash."""
+
+    def ball_bounds_whitened(self, w0):
+        b = super().ball_bounds_whitened(w0)
+        return ccu.BallBounds.from_functions(
+            len(w0), upper=lambda r: b.upper(r).numpy(), lower=lambda r: b.lower(r).numpy()
+        )
+
+
+def test_bounds_of_the_wrong_kind_are_reported_in_a_batch_too():
+    good, x = _fitted(ccu.GaussianMixture)
+    bad = NumpyBounds.from_whitened(
+        good.whitened_means.detach(), good.log_variances.detach(), good.log_weights.detach(),
+        good.metric,
+    )  # fmt: skip
+    report = check_density(bad, centres=x[::7], max_examples=5, raise_on_failure=False)
+    assert not report.passed and "must be a float64 tensor" in report.failures[0]

@@ -136,3 +136,23 @@ def test_a_stand_in_sets_row_over_seeds_keeps_the_papers_value(tmp_path):
         if paper is not None:
             assert row["paper"] == pytest.approx(paper)  # the paper's CIFAR10 Base, Table 2
         assert not math.isnan(row["paper"])
+
+
+def test_a_seed_attacked_before_is_counted_as_the_paper_counts_ties(tmp_path):
+    """A mean over seeds mixed a seed's strict AUC (attacked before 0.6.0) with the others'
+    ties-one-half AUCs; the older row is now brought up to date from the seed's scores."""
+    import numpy as np
+
+    from ccu.core import evaluate as ev
+
+    _write_seed(tmp_path, 0, 0.2, 0.9, 0.1)
+    test, worst = np.array([0.0, 0.0, -1.0]), np.array([0.0, -2.0])
+    d = store.method_dir("smoke", "mnist-offline", "Base", tmp_path, 0)
+    store.write_npz(d / "scores.npz", test=test)
+    adv = store.adversarial_dir("smoke", "mnist-offline", tmp_path, 0)
+    store.write_npz(adv / "adversarial.npz", Base_worst_score=worst)
+    tables = aggregate.build_tables("smoke", "mnist-offline", tmp_path, seeds=[0])
+    row = tables["table1"].set_index(["method", "key"]).loc[("Base", "AUC")]
+    assert row["mean"] == pytest.approx(100 * ev.attack_auc(test, worst))  # not the saved 0.5
+    ccu_row = tables["table1"].set_index(["method", "key"]).loc[("CCU", "AUC")]
+    assert ccu_row["mean"] == pytest.approx(100.0)  # no scores to count again: as saved

@@ -1332,7 +1332,12 @@ def test_plans_and_absorbs_bad_arguments_are_one_line_with_their_exit_code(tmp_p
     cases = [
         (["plan", "--dataset", "nope"], 2, "unknown --dataset 'nope'"),
         (["plan", "--dataset", "moons"], 2, "not an image dataset"),
-        (["plan", "--dataset", "mnist", "--reference", str(tmp_path / "no")], 3, "not a folder"),
+        (
+            ["plan", "--dataset", "mnist", "--reference", str(tmp_path / "no" / "ref")],
+            3,
+            "does not exist",
+        ),
+        (["plan", "--dataset", "mnist", "--reference", str(tmp_path / "f")], 2, "is a file"),
         (["absorb", str(tmp_path / "gone"), "--no-commit"], 3, "does not exist"),
         (["absorb", str(tmp_path), "--reference", str(tmp_path / "f")], 2, "is a file"),
         (["absorb", str(tmp_path), "--reference", str(ref)], 2, "pass --no-commit"),
