@@ -142,20 +142,20 @@ def ties_note(table1: dict) -> str:
 
 def best_of_noisy_draws(table1: dict) -> list[str]:
     """The methods of a ``table1.json`` whose score draws noise (MCD) and whose worst scores are
-    the best of many noisy draws: attacked before the points were scored once more
-    (:data:`ccu.store.records.WORST_SCORED_ONCE_MORE`); their SR is biased up, their AUC down."""
-    from ccu.methods import get_method
-    from ccu.store.records import WORST_SCORED_ONCE_MORE
+    the best of many noisy draws: rows from before 0.6.0 (no
+    :data:`ccu.store.records.AUC_TIES`), when the points were not scored once more
+    (:data:`ccu.store.records.NOISY_SCORES_BEFORE_0_6`); their SR is biased up, their AUC
+    down. A row since says what it did (:data:`ccu.store.records.WORST_SCORED_ONCE_MORE`)."""
+    from ccu.store.records import NOISY_SCORES_BEFORE_0_6
 
-    out = []
-    for m, row in table1.get(METHODS, {}).items():
-        try:
-            noisy = bool(get_method(m).stochastic_score)
-        except (ValueError, TypeError, AttributeError):  # a plug-in not loaded here
-            noisy = False
-        if noisy and WORST_SCORED_ONCE_MORE not in row and row.get(SR) == row.get(SR):
-            out.append(m)
-    return ordered(out)
+    rows = table1.get(METHODS, {})
+    return [
+        m
+        for m in ordered(rows)
+        if m in NOISY_SCORES_BEFORE_0_6
+        and AUC_TIES not in rows[m]
+        and rows[m].get(SR) == rows[m].get(SR)
+    ]
 
 
 def table1_note(table1: dict) -> str:

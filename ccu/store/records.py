@@ -130,6 +130,10 @@ def with_paper_auc(row: dict, test_scores, worst) -> dict:
 #: once more after the attack (:func:`ccu.run.adversarial_noise.attack_method`); such a row
 #: without it kept the best of many noisy draws, biased up
 WORST_SCORED_ONCE_MORE = "worst_scored_once_more"
+#: the methods whose score drew noise before 0.6.0, when rows had neither
+#: :data:`WORST_SCORED_ONCE_MORE` nor :data:`AUC_TIES`: a fact about those rows (a method
+#: declares its own since, :attr:`ccu.methods.base.Method.stochastic_score`)
+NOISY_SCORES_BEFORE_0_6 = ("MCD",)
 TABLE1_METRICS = (TE, SR, AUC)
 #: the largest distance of an attacked point from its centre over its ball's radius (<= 1)
 MAX_DISTANCE_OVER_RADIUS = "max_distance_over_radius"
