@@ -324,7 +324,15 @@ def main(argv=None) -> int:
     binary = find_chromium()
     if binary is None:
         print(f"[check_book] Chromium not found; install it with: {INSTALL_HINT}", file=sys.stderr)
-        return 2
+        return 3
+    if not (Path(binary).is_file() and os.access(binary, os.X_OK)):
+        print(f"[check_book] CHROMIUM={binary} is not an executable file; point it at Chromium "
+              f"or unset it ({INSTALL_HINT})", file=sys.stderr)  # fmt: skip
+        return 3
+    if not (args.html / "book").is_dir():
+        print(f"[check_book] no built book in {args.html}: build it first (bash ci/build_book.sh)",
+              file=sys.stderr)  # fmt: skip
+        return 3
     failures, summary = {}, {}
     pages = pages_of_book(args.html)
 

@@ -384,6 +384,9 @@ def gather(parts_dir: Path, into: Path, log=print) -> int:
     if not manifests and not (into / MANIFEST).is_file():
         log(f"no packed data: neither {parts_dir}/part-*/{MANIFEST} nor {into / MANIFEST}.")
         return 3
+    if into.exists() and not into.is_dir():
+        log(f"--into {into} is a file: give a folder to gather the data in.")
+        return 2
     into.mkdir(parents=True, exist_ok=True)
     for m in manifests:
         for src in sorted(m.parent.rglob("*")):
@@ -393,14 +396,20 @@ def gather(parts_dir: Path, into: Path, log=print) -> int:
             if not (target.is_file() and target.stat().st_size == src.stat().st_size):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, target)
-    manifest = json.loads((into / MANIFEST).read_text())
+    try:
+        manifest = json.loads((into / MANIFEST).read_text())
+        entries = [(e["file"], e["part"], e["bytes"], e["sha256"]) for e in manifest["files"]]
+        manifest["dataset"], manifest["carry"]  # noqa: B018 - both are read below
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        log(f"{into / MANIFEST} is corrupt ({type(exc).__name__}: {exc}); pack and carry again.")
+        return 4
     missing, corrupt = set(), []
-    for e in manifest["files"]:
-        path = into / e["file"]
+    for file, part, size, digest in entries:
+        path = into / file
         if not path.is_file():
-            missing.add(e["part"])
-        elif path.stat().st_size != e["bytes"] or _sha256(path) != e["sha256"]:
-            corrupt.append(e["file"])
+            missing.add(part)
+        elif path.stat().st_size != size or _sha256(path) != digest:
+            corrupt.append(file)
     if corrupt:
         log(
             f"corrupt (sha256 differs from {MANIFEST}): {', '.join(corrupt)}; pack and carry again."
@@ -444,6 +453,10 @@ def main(argv=None) -> int:
         return gather(Path(args.gather), Path(args.into))
     if not args.dataset:
         ap.error("--dataset is required")
+    dest = Path(args.dest)
+    if dest.exists() and not dest.is_dir():
+        print(f"pack_data: error: --dest {dest} is a file: give a folder", file=sys.stderr)
+        return 2
     try:
         manifest = pack(
             args.dataset,

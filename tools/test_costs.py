@@ -17,16 +17,35 @@ from collections import defaultdict
 from pathlib import Path
 
 
+class BadRecord(ValueError):
+    """A line of the file that is not a CCU_TEST_CPU record (exit 4)."""
+
+
+def _record(line: str) -> dict:
+    rec = json.loads(line)
+    if not isinstance(rec, dict) or not isinstance(rec.get("test"), str):
+        raise ValueError("no test name")
+    if not isinstance(rec.get("cpu_s"), (int, float)):
+        raise ValueError("no cpu_s number")
+    if ("start" in rec) != ("end" in rec) or not all(
+        isinstance(rec[k], (int, float)) for k in ("start", "end") if k in rec
+    ):
+        raise ValueError("start and end must both be numbers, or both absent")
+    return rec
+
+
 def read(path: Path) -> list[dict]:
     """The recorded tests, the last record of a test kept (a rerun appends)."""
     records = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
-                rec = json.loads(line)
-                records[rec["test"]] = rec
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise SystemExit(f"{path}:{n}: not a CCU_TEST_CPU record: {line[:80]!r}") from None
+                rec = _record(line)
+            except (json.JSONDecodeError, ValueError) as exc:
+                raise BadRecord(
+                    f"{path}:{n}: not a CCU_TEST_CPU record ({exc}): {line[:80]!r}"
+                ) from None
+            records[rec["test"]] = rec
     return list(records.values())
 
 
@@ -70,7 +89,18 @@ def main(argv=None) -> int:
     if not args.file.is_file():
         print(f"[test_costs] no such file: {args.file}", file=sys.stderr)
         return 3
-    records = read(args.file)
+    try:
+        records = read(args.file)
+    except BadRecord as exc:
+        print(f"[test_costs] error: {exc}", file=sys.stderr)
+        return 4
+    if not records:
+        print(f"[test_costs] error: {args.file} holds no record", file=sys.stderr)
+        return 4
+    if args.write and (args.write.is_dir() or not args.write.parent.is_dir()):
+        print(f"[test_costs] error: cannot write {args.write}: give a file in an existing folder",
+              file=sys.stderr)  # fmt: skip
+        return 2
     print(report(records, args.top))
     if args.write:
         costs = {r["test"]: r["cpu_s"] for r in sorted(records, key=lambda r: r["test"])}

@@ -191,3 +191,14 @@ def test_a_page_whose_mathjax_never_finishes_is_reported_after_the_wait(tmp_path
     found = check_book.Browser(chromium, wait_s=1).check(_page(tmp_path, "page", body, head))
     assert found["timed_out"]
     assert any("did not finish typesetting" in e for e in check_book.check_page(found, 0))
+
+
+def test_a_missing_browser_or_book_is_one_line_with_exit_3(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CHROMIUM", str(tmp_path / "no-chromium"))
+    assert check_book.main(["--html", str(tmp_path)]) == 3
+    assert "is not an executable file" in capsys.readouterr().err
+    monkeypatch.delenv("CHROMIUM")
+    if check_book.find_chromium() is not None:
+        assert check_book.main(["--html", str(tmp_path / "none")]) == 3
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "no built book" in err[0]

@@ -179,3 +179,23 @@ def test_the_sandbox_searches_only_its_folders_and_downloads_nothing(tmp_path):
         with pytest.raises(sources.DataNotFoundError, match="downloads are off"):
             download.download("http://127.0.0.1:9/f", tmp_path / "f", "0" * 32)
     assert sources.downloads_allowed()
+
+
+def test_gather_and_pack_refuse_bad_folders_and_a_corrupt_manifest_in_one_line(
+    pack_data, tmp_path, capsys
+):
+    """A damaged MANIFEST.json gave a traceback; a file given as a folder too."""
+    pack_main = pack_data.main
+
+    parts = tmp_path / "parts" / "part-1"
+    parts.mkdir(parents=True)
+    for text in ("{", "{}", '{"files": [{"file": "x"}], "dataset": "d", "carry": []}'):
+        (parts / "MANIFEST.json").write_text(text)
+        into = tmp_path / f"into{len(text)}"
+        assert pack_main(["--gather", str(parts.parent), "--into", str(into)]) == 4
+        assert "MANIFEST.json is corrupt" in capsys.readouterr().out
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert pack_main(["--gather", str(parts.parent), "--into", str(afile)]) == 2
+    assert pack_main(["--dataset", "digits", "--dest", str(afile)]) == 2
+    assert "is a file" in capsys.readouterr().err
