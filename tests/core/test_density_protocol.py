@@ -75,6 +75,16 @@ class TooSmallUpper(ccu.GaussianMixture):
         )
 
 
+def _same_mixture_as(family, good):
+    """``good``'s fitted mixture as a ``family`` (a subclass whose bounds differ)."""
+    return family.from_whitened(
+        good.whitened_means.detach(),
+        good.log_variances.detach(),
+        good.log_weights.detach(),
+        good.metric,
+    )
+
+
 def _fitted(family, d=5, k=3, seed=0):
     gen = torch.Generator().manual_seed(seed)
     metric = random_metric(gen, d, spread=2.0)
@@ -98,10 +108,7 @@ def test_both_shipped_families_pass_the_checker(family):
 
 def test_the_checker_catches_an_upper_bound_slightly_too_small():
     good, x = _fitted(ccu.GaussianMixture)
-    bad = TooSmallUpper.from_whitened(
-        good.whitened_means.detach(), good.log_variances.detach(), good.log_weights.detach(),
-        good.metric,
-    )  # fmt: skip
+    bad = _same_mixture_as(TooSmallUpper, good)
     with pytest.raises(DensityCheckError, match="FAILED") as err:
         check_density(bad, centres=x[::7], max_examples=20)
     assert "log p - upper" in str(err.value)
@@ -284,10 +291,7 @@ def test_the_own_certificate_attack_starts_at_the_density_peaks(tmp_path, ignore
 
 def test_the_checker_reports_each_ball_once_with_absolute_and_relative_excess():
     good, x = _fitted(ccu.GaussianMixture)
-    bad = TooSmallUpper.from_whitened(
-        good.whitened_means.detach(), good.log_variances.detach(), good.log_weights.detach(),
-        good.metric,
-    )  # fmt: skip
+    bad = _same_mixture_as(TooSmallUpper, good)
     report = check_density(bad, centres=x[::7], max_examples=25, raise_on_failure=False)
     balls = [(b.centre, b.radius) for b in report.failed_balls]
     grid = ccu.core.density_check.GRID_CENTRES * ccu.core.density_check.GRID_RADII
@@ -446,9 +450,6 @@ class NumpyBounds(ccu.GaussianMixture):
 
 def test_bounds_of_the_wrong_kind_are_reported_in_a_batch_too():
     good, x = _fitted(ccu.GaussianMixture)
-    bad = NumpyBounds.from_whitened(
-        good.whitened_means.detach(), good.log_variances.detach(), good.log_weights.detach(),
-        good.metric,
-    )  # fmt: skip
+    bad = _same_mixture_as(NumpyBounds, good)
     report = check_density(bad, centres=x[::7], max_examples=5, raise_on_failure=False)
     assert not report.passed and "must be a float64 tensor" in report.failures[0]
