@@ -329,7 +329,8 @@ def nearest_training_point(metric, z: torch.Tensor, train_x, chunk: int = 4096):
         fast, err = expanded_squared_distances(wz, wt), expansion_error(wz, wt)
         cutoff = (fast + err).min(dim=1, keepdim=True).values
         i, k = ((fast - err) <= cutoff).nonzero(as_tuple=True)  # may be the nearest
-        if len(i) > 4 * len(wz):  # far from the origin the bound admits many: all directly
+        if len(i) > 4 * len(wz) or not bool(fast.isfinite().all()):
+            # far from the origin the bound admits many (or the squares overflow): all directly
             sq = exact_distances(wz, wt).square()
         else:
             sq = torch.full_like(fast, float("inf"))

@@ -207,6 +207,24 @@ def _ascent(density, w0, radius, sign, steps, generator):
     return w.detach()
 
 
+def _towards_means(w0, radius, means, k: int | None = None):
+    """Points of the ball where a mixture's bounds are reached or nearly (the ascent only
+    approaches them): for the ``k`` means nearest to the centre ``w0`` (1, D), the sphere's
+    point towards each and away from it (shrunk by one rounding step, inside exactly) and the
+    mean itself where it lies inside; (P, D), empty without means."""
+    if means is None or not len(means):
+        return w0[:0]
+    k = NEAREST_MEANS if k is None else k
+    gap = means - w0
+    dist = gap.norm(dim=1)
+    near = dist.argsort()[:k]
+    gap, dist = gap[near], dist[near]
+    unit = gap / dist.clamp_min(1e-300)[:, None]
+    reach = radius * (1 - 1e-12)
+    inside = means[near][dist < reach]
+    return torch.cat([w0 + reach * unit, w0 - reach * unit, inside])
+
+
 def _points(w0, radius, n_dir, generator):
     """Per ball: the centre, uniform points, points on the sphere and deep inside (n, P, D)."""
     n, d = w0.shape
@@ -229,7 +247,13 @@ def _points(w0, radius, n_dir, generator):
 #: ~ 1e6, ordinary for images, is 0.1 of log b, and lets certificates be false.
 TOL = ROUNDING_MARGIN / 4
 #: centres of the batch check (one ball each, bounds of all at once against each one's own)
-BATCH_CENTRES = 8
+#: (more than 25: ``torch.cdist`` switches to its matrix product above 25 rows, a path of its
+#: own that a family's bounds may take only in larger batches)
+BATCH_CENTRES = 32
+#: the nearest means whose direction from a ball's centre is tried: the point of the sphere
+#: towards each (where a component's upper bound is reached), away from it (its lower bound)
+#: and the mean itself when it lies inside
+NEAREST_MEANS = 8
 
 #: the fixed grid :func:`check_density` adds to the property-based search: this many centres
 #: (the first of ``centres``, or seeded random ones) times this many log-spaced radii
@@ -242,9 +266,10 @@ def _check_batch_bounds(dens64, pool, d, device, spread, seed, log_radii, tol, r
     bounds (asked for one at a time, which the balls above test against ``log p``): a batched
     upper bound below a centre's own, or a lower bound above it, is reported as a problem of
     that ball. :func:`ccu.certified_radius` asks for its whole batch at once."""
-    if pool is not None:
-        w0 = pool[:BATCH_CENTRES].to(device)
-        labels = [f"centre {i}" for i in range(len(w0))]
+    if pool is not None:  # repeated where the pool is smaller: a centre twice, other radii
+        pick = [i % len(pool) for i in range(BATCH_CENTRES)]
+        w0 = pool[pick].to(device)
+        labels = [f"centre {i}" for i in pick]
     else:
         gen = torch.Generator().manual_seed(seed)
         w0 = spread * torch.randn(BATCH_CENTRES, d, generator=gen, dtype=torch.float64)
@@ -276,8 +301,8 @@ def _check_batch_bounds(dens64, pool, d, device, spread, seed, log_radii, tol, r
             if not (low_up or high_lo) and bool(up[i] == up[i]) and bool(lo[i] == lo[i]):
                 continue
             problem = (
-                f"in a batch of {n} centres its bounds are not its own (upper {float(up[i]):.6g}"
-                f" vs {float(up_i[0]):.6g}, lower {float(lo[i]):.6g} vs {float(lo_i[0]):.6g}):"
+                f"in a batch of {n} centres its bounds are not its own (upper {float(up[i]):.12g}"
+                f" vs {float(up_i[0]):.12g}, lower {float(lo[i]):.12g} vs {float(lo_i[0]):.12g}):"
                 " ball_bounds_whitened must treat each row of w0 (and of R) apart; "
                 "certified_radius asks for a batch"
             )
@@ -421,7 +446,7 @@ def check_density(
         pts = _points(w0.cpu(), r.cpu(), n_directions, gen).to(W.device)[0]
         hi_pt = _ascent(dens64, w0, r, +1.0, ascent_steps, gen)
         lo_pt = _ascent(dens64, w0, r, -1.0, ascent_steps, gen)
-        pts = torch.cat([pts, hi_pt, lo_pt])
+        pts = torch.cat([pts, hi_pt, lo_pt, _towards_means(w0, r, means)])
         inside = (pts - w0).norm(dim=1) <= r
         pts = pts[inside]
         with torch.no_grad():

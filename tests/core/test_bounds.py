@@ -302,3 +302,15 @@ def test_the_nearest_training_point_is_found_with_direct_distances(offset):
     torch.testing.assert_close(d, brute.min(1).values.sqrt(), rtol=1e-12, atol=1e-12)
     if offset >= 1e8:  # what the expansion alone would give: wrong
         assert not torch.equal(expanded_squared_distances(wz, wt).argmin(1), brute.argmin(1))
+
+
+def test_the_nearest_training_point_when_the_squares_overflow():
+    """Far beyond any image (|w| ~ 1e160) the expansion's squares overflow to inf and NaN: no
+    candidate was kept and the nearest point came back infinitely far, though it is the
+    point itself."""
+    from ccu.core.bounds import nearest_training_point
+
+    metric = ccu.Mahalanobis.identity(3)
+    train = torch.tensor([[1e160, 0.0, 0.0], [0.0, 1e160, 0.0]], dtype=torch.float64)
+    d, j = nearest_training_point(metric, train[:1].clone(), train)
+    assert float(d[0]) == 0.0 and int(j[0]) == 0

@@ -453,3 +453,49 @@ def test_bounds_of_the_wrong_kind_are_reported_in_a_batch_too():
     bad = _same_mixture_as(NumpyBounds, good)
     report = check_density(bad, centres=x[::7], max_examples=5, raise_on_failure=False)
     assert not report.passed and "must be a float64 tensor" in report.failures[0]
+
+
+def test_the_checker_tries_the_points_where_a_mixtures_bounds_are_reached():
+    """Projected ascent only approaches the point of the ball nearest a mean, where a
+    component's upper bound is reached: in 2 or more dimensions a family low by 1e-9 of its
+    bound passed (and certified a ball where the float64 model went above it). The checker
+    now also tries the sphere's points towards and away from the nearest means."""
+
+    class LowByOnePart(ccu.GaussianMixture):
+        def ball_bounds_whitened(self, w0):
+            b = super().ball_bounds_whitened(w0)
+            return ccu.BallBounds.from_functions(
+                len(w0), upper=lambda r: b.upper(r) - 1e-9 * (1 + b.upper(r).abs()),
+                lower=b.lower,
+            )  # fmt: skip
+
+    d = 16  # one component, the centres far from it (the ascent's steps shrink before it)
+    metric = ccu.Mahalanobis.identity(d)
+    mean = torch.zeros(1, d, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.randn(8, d, generator=gen, dtype=torch.float64) + 3e4
+    low = LowByOnePart(mean, torch.tensor([0.0]), torch.zeros(1), metric)
+    report = check_density(low, centres=centres, max_examples=10, raise_on_failure=False)
+    assert not report.passed and report.max_excess_upper > 5e-10
+    good = ccu.GaussianMixture(mean, torch.tensor([0.0]), torch.zeros(1), metric)
+    assert check_density(good, centres=centres, max_examples=10).passed
+
+
+def test_the_batch_check_asks_for_more_than_25_centres():
+    """``torch.cdist`` takes another path above 25 rows: a family whose bounds differ only
+    in such batches passed a check of 8 rows."""
+
+    class WrongAbove25(ccu.GaussianMixture):
+        def ball_bounds_whitened(self, w0):
+            b = super().ball_bounds_whitened(w0)
+            shift = 1.0 if len(w0) > 25 else 0.0
+            return ccu.BallBounds.from_functions(
+                len(w0), upper=lambda r: b.upper(r) - shift, lower=b.lower
+            )
+
+    good, x = _fitted(ccu.GaussianMixture)
+    report = check_density(
+        _same_mixture_as(WrongAbove25, good), centres=x[::7], max_examples=5,
+        raise_on_failure=False,
+    )  # fmt: skip
+    assert any("in a batch of 32 centres" in f for f in report.failures), report
