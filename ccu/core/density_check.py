@@ -293,7 +293,10 @@ def _check_batch_bounds(dens64, pool, d, device, spread, seed, log_radii, tol, r
                 f"bounds of a batch of {n} centres must have shape ({n},); got {what}"
             )
             return
+        reported = {(b.centre, b.radius) for b in report.failed_balls}
         for i in range(n):
+            if (labels[i], float(r[i])) in reported:  # a ball is reported once
+                continue
             own = dens64.ball_bounds_whitened(w0[i : i + 1])
             up_i, lo_i = own.upper(r[i : i + 1]).detach(), own.lower(r[i : i + 1]).detach()
             low_up = float(up_i[0] - up[i]) > tol * (1 + float(up_i[0].abs()))
@@ -306,6 +309,7 @@ def _check_batch_bounds(dens64, pool, d, device, spread, seed, log_radii, tol, r
                 " ball_bounds_whitened must treat each row of w0 (and of R) apart; "
                 "certified_radius asks for a batch"
             )
+            reported.add((labels[i], float(r[i])))
             report.failed_balls.append(
                 BallFailure(
                     labels[i],
@@ -402,11 +406,15 @@ def check_density(
     def one_ball(seed_, log_r, pick):
         gen = torch.Generator().manual_seed(seed_)
         if pool is not None:
-            key = ("centre", pick % len(pool), log_r)
+            key = (
+                "centre",
+                pick % len(pool),
+                10.0**log_r,
+            )  # the radius itself: two log_r may give one
             w0 = pool[pick % len(pool)][None].cpu()
             label = f"centre {pick % len(pool)}"
         else:
-            key = ("seed", seed_, log_r)
+            key = ("seed", seed_, 10.0**log_r)
             w0 = spread * torch.randn(1, d, generator=gen, dtype=torch.float64)
             label = f"random centre (seed {seed_})"
         if key in seen:

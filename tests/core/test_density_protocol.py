@@ -418,7 +418,7 @@ def test_the_checker_asks_for_a_batch_of_centres_as_certified_radius_does():
     bad = MixesTheBatch.fit(x, metric)
     report = check_density(bad, centres=x[::5], max_examples=10, raise_on_failure=False)
     assert not report.passed
-    assert any("in a batch of 8 centres its bounds are not its own" in f for f in report.failures)
+    assert any("in a batch of 32 centres its bounds are not its own" in f for f in report.failures)
     assert check_density(IsotropicGaussian.fit(x, metric), centres=x[::5], max_examples=10).passed
     # and without centres: random ones, in a batch too
     assert not check_density(bad, max_examples=5, raise_on_failure=False).passed
