@@ -23,7 +23,6 @@ from ccu.store.records import (
     ATTACK_GRADIENT,
     AUC,
     AUC_STRICT,
-    AUC_TIES,
     AUPR_IN,
     AUROC,
     COMMIT,
@@ -231,8 +230,8 @@ def tie_headroom(
         worst = z["worst_score"]
     row = json.loads(part.read_text())["row"]
     n, at_zero = len(worst), int((worst == 0).sum())
-    # the AUC with ties as failures: under AUC in a row from before, beside it since
-    strict = row.get(AUC_STRICT, row[AUC]) if AUC_TIES in row else row[AUC]
+    # the AUC with ties as failures: AUC_strict since, the AUC itself in a row from before
+    strict = row.get(AUC_STRICT, row[AUC])
     out.update(n_worst=n, n_worst_at_zero=at_zero, auc=100 * strict)
     out["per_share"] = 100 * 0.5 * at_zero / n if n else nan
     t1 = report.paper_table("table1_adversarial_noise")

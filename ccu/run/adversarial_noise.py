@@ -100,9 +100,7 @@ def attack_method(
         if surrogate is None:
             return res, 0
         alt = ball_attack(surrogate, x0, rad, **attack)
-        judge = batch_size or attack_batch_size(method.score, alt.x[:1], len(alt.x))
-        with torch.no_grad():  # the pre-processing's own gradient is enabled inside the score
-            alt_score = torch.cat([method.score(b) for b in alt.x.split(judge)])
+        alt_score = _scores_at(method, alt.x, batch_size)
     take = alt_score > res.score
     res = AttackResult(
         torch.where(take.view(-1, *[1] * (alt.x.ndim - 1)), alt.x, res.x),
@@ -113,15 +111,22 @@ def attack_method(
     return res, int(take.sum())
 
 
+def _scores_at(method, x, batch_size=None) -> torch.Tensor:
+    """``method``'s true score at the points ``x``, in batches of ``batch_size`` (``None``:
+    :func:`ccu.core.attacks.attack_batch_size`), without a graph (ODIN's pre-processing
+    enables its own gradient inside the score)."""
+    judge = batch_size or attack_batch_size(method.score, x[:1], len(x))
+    with torch.no_grad():
+        return torch.cat([method.score(b) for b in x.split(judge)])
+
+
 def _scored_once_more(method, res: AttackResult, batch_size=None) -> AttackResult:
     """``res`` with each point's score drawn once more (a stochastic score's attack kept the
     best of many draws)."""
-    judge = batch_size or attack_batch_size(method.score, res.x[:1], len(res.x))
-    with torch.no_grad():
-        score = (
-            torch.cat([method.score(b) for b in res.x.split(judge)]) if len(res.x) else res.score
-        )
-    return AttackResult(res.x, score.to(res.score), res.distance, res.history)
+    if not len(res.x):
+        return res
+    score = _scores_at(method, res.x, batch_size).to(res.score)
+    return AttackResult(res.x, score, res.distance, res.history)
 
 
 @dataclass

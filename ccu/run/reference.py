@@ -175,15 +175,15 @@ def write_part(
         )
     attack = store.read_json(meta)
     config = store.read_config(d / store.CONFIG)
-    worst_scores = store.read_npz(arrays)["worst_score"] if arrays.exists() else None
-    test_scores = store.read_npz(d / store.SCORES)["test"]
-    if worst_scores is not None:  # an attack saved before: its row as Table 1 counts it now
-        attack[PART_ROW] = with_paper_auc(attack[PART_ROW], test_scores, worst_scores)
     if attack.get(ATTACK_KEY) != attack_key(balls, config, prof, seed):
         raise MissingError(
             f"the attack in {meta} was made on another {method} run or in other balls; run "
             f"`ccu attack --method {method}` again first."
         )
+    worst = store.read_npz(arrays)
+    test_scores = store.read_npz(d / store.SCORES)["test"]
+    # an attack saved before: its row as Table 1 counts it now
+    attack[PART_ROW] = with_paper_auc(attack[PART_ROW], test_scores, worst["worst_score"])
     stamp = store.read_json(d / store.TRAINED) if (d / store.TRAINED).exists() else {}
     epochs = max(int(config.get("profile", {}).get("epochs") or 1), 1)
     provenance_ = {
@@ -211,7 +211,6 @@ def write_part(
             store.atomic_bytes(out / store.BALLS_ARRAYS, (adv / store.BALLS_ARRAYS).read_bytes())
         store.atomic_bytes(out / RADII, _radii_csv(balls.radii.numpy()))
         store.atomic_bytes(out / store.BALLS, (adv / store.BALLS).read_bytes())
-    worst = store.read_npz(arrays)
     # the test images' scores too (~40 KB): Table 1's SR and AUC can be computed again from the
     # committed part, without the model (e.g. under another convention for ties)
     buf = io.BytesIO()
