@@ -41,7 +41,10 @@ class MLP(nn.Module):
 
 
 class LeNet(nn.Module):
-    """The paper's LeNet: conv 5x5 (32, pad 2) - pool - conv 5x5 (64, pad 2) - pool - fc 1024 - fc M."""
+    """The paper's LeNet: conv 5x5 (32, pad 2) - pool - conv 5x5 (64, pad 2) - pool - fc 1024 - fc M.
+
+    ``dropout`` (MCD's): one dropout layer between fc 1024 and fc M, where the authors' MC-dropout
+    LeNet has its one (``utils/mc_dropout.py`` of their repository)."""
 
     def __init__(
         self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28, dropout=0.0
@@ -58,7 +61,7 @@ class LeNet(nn.Module):
             nn.Flatten(),
         )
         self.head = nn.Sequential(
-            nn.Dropout(dropout),
+            nn.Identity(),  # where a dropout was before 0.6.0: the layers keep their indices
             nn.Linear(64 * side * side, 1024),
             nn.ReLU(),
             nn.Dropout(dropout),

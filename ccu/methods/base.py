@@ -18,6 +18,12 @@ METHODS: dict[str, type] = {}
 LOG_CONFIDENCE, RAW_SCORE = "log_confidence", "raw_score"
 SCORE_KINDS = (LOG_CONFIDENCE, RAW_SCORE)
 
+#: the dataset networks a method's own paper network replaces under ``paper_networks``: "LeNet
+#: on MNIST and a Resnet18 (for GAN and MCD we use VGG) otherwise" (the paper's Section 4,
+#: *Benchmarks*; VGG because "it is not clear where to put the dropout layers in a ResNet").
+#: On MNIST both keep LeNet, as the authors' code has LeNet variants of both
+#: (``utils/mc_dropout.py``, ``utils/confident_classifier.py``).
+PAPER_NETWORK_REPLACES = ("resnet18",)
 #: :meth:`Method.evaluate`'s chunk on the CPU, and its cap on a GPU
 EVAL_BATCH_CPU = 1000
 EVAL_BATCH_CUDA = 16384
@@ -129,10 +135,12 @@ class Method:
         return self.model
 
     def network_kind(self) -> str:
-        """The classifier's architecture: the method's own paper network under a profile with
-        ``paper_networks`` (the paper's MCD and GAN: VGG13), VGG13 for the profile's
-        ``vgg_methods``, else the dataset's network."""
-        if self.profile.paper_networks and self.paper_network:
+        """The classifier's architecture: under a profile with ``paper_networks``, the method's
+        own paper network in place of the networks it replaces (:data:`PAPER_NETWORK_REPLACES`:
+        the paper's MCD and GAN train a VGG13 where the others train a ResNet18, and LeNet on
+        MNIST), VGG13 for the profile's ``vgg_methods``, else the dataset's network."""
+        replaces = self.settings.classifier in PAPER_NETWORK_REPLACES
+        if self.profile.paper_networks and self.paper_network and replaces:
             return self.paper_network
         return "vgg13" if self.name in self.profile.vgg_methods else self.settings.classifier
 

@@ -3,8 +3,9 @@
 A generator is pushed towards the boundary of the in-distribution (it must fool the discriminator
 while the classifier is uniform on its samples); the classifier is trained with cross-entropy on
 in-data plus ``beta`` x KL(uniform || p(y|G(z))) on generated samples. The paper's classifier is a
-VGG: the ``paper`` profile (or ``vgg_methods``) gives it VGG13, the others keep the dataset's
-network. G and D are small fully connected networks.
+VGG where the others train a ResNet18, LeNet on MNIST: the ``paper`` profile gives it VGG13
+there (or ``vgg_methods`` anywhere), the others keep the dataset's network. G and D are small
+fully connected networks.
 
 The three networks train in one :class:`ccu.methods.training.EpochStep` (:class:`GANStep`: three optimisers
 and the generator's noise) in the epoch loop every training shares (:func:`ccu.methods.training.run_epochs`:
@@ -79,7 +80,8 @@ class _Discriminator(nn.Module):
 
 @register_method
 class GANMethod(BaseMethod):
-    """Confidence-calibrated classifier + GAN (joint training, ``beta`` = 1)."""
+    """Confidence-calibrated classifier + GAN (joint training, ``beta`` = 1; learning rates
+    x0.1 at the paper's milestones, :class:`GANStep`)."""
 
     name = "GAN"
     paper_network = "vgg13"
@@ -114,7 +116,10 @@ class GANMethod(BaseMethod):
         )
         check_training_data(data)
         with deterministic_cudnn(self.device):  # as ccu.Trainer trains on CUDA
-            step = GANStep(m, loader, self.settings, self.seed, self.latent, self.beta, self.device)
+            step = GANStep(
+                m, loader, self.settings, self.seed, self.latent, self.beta, self.device,
+                epochs=self.profile.epochs,
+            )  # fmt: skip
             try:
                 hist = run_epochs(
                     step, m, loader, self.profile.epochs, self.device, checkpoint=checkpoint,
@@ -134,11 +139,14 @@ class GANStep(EpochStep):
     classifier (cross-entropy + ``beta`` x KL(uniform || p(y|G(z))) on generated samples).
 
     The classifier's optimiser is the dataset's (:func:`ccu.methods.training.make_optimizer`), G's and D's
-    Adam(2e-4, betas (0.5, 0.999)); the latent noise has a generator of its own (seed + 1). A
-    checkpoint keeps the three optimisers under ``"optimizers"`` and the noise state under
-    ``"noise"``."""
+    Adam(2e-4, betas (0.5, 0.999)); all three learning rates x0.1 at the dataset's milestones
+    of ``epochs`` (the paper's appendix: "We decrease all learning rates by a factor of 10
+    after 50, 75 and 90 epochs"; None: no decay). The latent noise has a generator of its own
+    (seed + 1). A checkpoint keeps the three optimisers under ``"optimizers"`` and the noise
+    state under ``"noise"``."""
 
-    def __init__(self, model: nn.ModuleDict, loader, settings, seed, latent, beta, device):
+    def __init__(self, model: nn.ModuleDict, loader, settings, seed, latent, beta, device,
+                 epochs: int | None = None):  # fmt: skip
         self.clf, self.gen, self.disc = (
             model["classifier"],
             model["generator"],
@@ -154,6 +162,13 @@ class GANStep(EpochStep):
             "generator": torch.optim.Adam(self.gen.parameters(), 2e-4, **adam),
             "discriminator": torch.optim.Adam(self.disc.parameters(), 2e-4, **adam),
         }
+        milestones = (
+            sorted({max(1, round(m * epochs)) for m in settings.milestones}) if epochs else []
+        )  # as ccu.Trainer sets them
+        self.scheds = [
+            torch.optim.lr_scheduler.MultiStepLR(o, milestones, gamma=0.1)
+            for o in self.opts.values()
+        ]
         self.noise = torch.Generator().manual_seed(seed + 1)
         #: the step in CUDA graphs (on CUDA unless CCU_CUDA_GRAPHS=0; it runs in float32,
         #: uncompiled), checked against the eager step as it trains; None: eager
@@ -171,6 +186,8 @@ class GANStep(EpochStep):
         for name, opt in self.opts.items():
             load_optimizer_state(opt, state["optimizers"][name])
         self.noise.set_state(state["noise"].cpu())  # loaded onto a GPU, the state is there
+        for sched in self.scheds:
+            sched.last_epoch += state["epoch"]  # the learning rates come with the optimisers
 
     def run(self, epoch: int) -> EpochResult:
         # sums on the device, read once per epoch (as ccu.Trainer does)
@@ -186,6 +203,8 @@ class GANStep(EpochStep):
                 sums += torch.stack([c_loss.detach().double() * len(x), correct])
             n += len(x)
         loss_sum, correct = sums.tolist()
+        for sched in self.scheds:
+            sched.step()
         return EpochResult(loss_sum, correct, n, [])
 
     def one_step(self, x, y, z):

@@ -9,7 +9,9 @@ constraint) from one CUDA graph removes the launches and the Python that issues 
 
 :class:`GraphedStep` keeps one graph per *key*: the batch's shapes, the learning rates (the
 milestones change them: a float baked into the optimiser's kernels), the epoch for an objective
-that reads it (EDL's annealing; ``uses_epoch``) and the parameters' storage. For each key:
+that reads it (EDL's annealing; ``uses_epoch``: True, or a function of the epoch such as
+ACET's warm-up, :meth:`ccu.methods.training.Objective.graph_epoch`) and the parameters'
+storage. For each key:
 
 * its first :attr:`GraphedStep.warmup` steps run eagerly (real training steps, on a side
   stream on CUDA, as PyTorch's CUDA graphs notes ask before a capture); the next one is
@@ -150,7 +152,7 @@ class GraphedStep:
     def __init__(self, step: Step, model: torch.nn.Module,
                  opt: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
                  capture: Capture | None = None, warmup: Warmup | None = None, log=say,
-                 check_every: int | None = None, uses_epoch: bool = False,
+                 check_every: int | None = None, uses_epoch: bool | Callable = False,
                  sync_checked: Callable | None = None):  # fmt: skip
         self.step, self.model = step, model
         self.opts = list(opt) if isinstance(opt, Sequence) else [opt]
@@ -218,7 +220,11 @@ class GraphedStep:
         shapes = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in (x, y, z))
         storage = tuple(p.data_ptr() for p in self.model.parameters())
         lrs = tuple(float(g["lr"]) for opt in self.opts for g in opt.param_groups)
-        return (shapes, storage, lrs, epoch if self.uses_epoch else None, self.model.training)
+        if callable(self.uses_epoch):  # what of the epoch the step reads (Objective.graph_epoch)
+            phase = self.uses_epoch(epoch)
+        else:
+            phase = epoch if self.uses_epoch else None
+        return (shapes, storage, lrs, phase, self.model.training)
 
     def _state(self) -> list[torch.Tensor]:
         """Every tensor a step changes: parameters, buffers, the optimiser's state."""

@@ -43,20 +43,29 @@ class _OutlierExposure(Objective):
         return loss, logits[:n].detach()
 
 
-def linf_confidence_attack(model, z, eps: float, steps: int, seed: int, box=(0.0, 1.0),
-                           graphed: GraphedPGD | None = None):  # fmt: skip
+#: the first step of ACET's inner attack: 0.1 (with eps 0.3), the authors' ``step_size=0.1``
+#: in ``train_ACET`` (``utils/traintest.py`` of their repository; the paper gives no step)
+FIRST_STEP = 0.1
+
+
+def linf_confidence_attack(model, z, eps: float, steps: int, seed: int | None = None,
+                           box=(0.0, 1.0), graphed: GraphedPGD | None = None):  # fmt: skip
     """PGD in the l_inf ball of radius ``eps`` (and the box) maximising ``max_y log softmax``.
 
-    Start at a uniform point of the ball; signed-gradient steps of size 0.1 eps, x1.1 after an
-    improvement, /2 and backtrack after a failure (ACET's backtracking). Returns the best points.
-    The steps are :func:`confidence_pgd`; ``graphed`` replays them from CUDA graphs
-    (:mod:`ccu.methods.cuda_graphs`, checked against the eager steps).
+    ACET's inner attack as the paper's appendix *Performance of ACET* describes it: "a PGD
+    attack that starts at the original point and takes 40 FGSM steps ... We use backtracking
+    and halve the step size whenever the loss does not increase": signed-gradient steps, the
+    first of :data:`FIRST_STEP`, x1.1 after an improvement, /2 and back after a failure.
+    ``seed`` (None: the paper's start at ``z``) starts at a uniform point of the ball instead.
+    Returns the best points. The steps are :func:`confidence_pgd`; ``graphed`` replays them
+    from CUDA graphs (:mod:`ccu.methods.cuda_graphs`, checked against the eager steps).
     """
-    return attack_from(model, z, attack_start(z, seed), eps, steps, box, graphed)
+    start = torch.zeros_like(z) if seed is None else attack_start(z, seed)
+    return attack_from(model, z, start, eps, steps, box, graphed)
 
 
 def attack_start(z: torch.Tensor, seed: int) -> torch.Tensor:
-    """The uniform start of :func:`linf_confidence_attack` in ``[-1, 1]`` (times ``eps``),
+    """A uniform start for :func:`linf_confidence_attack` in ``[-1, 1]`` (times ``eps``),
     drawn on the CPU (the same on every device) and moved once, without a host sync (pinned)."""
     gen = torch.Generator().manual_seed(seed)
     return host_to_device(2 * torch.rand(z.shape, generator=gen) - 1, z.device).to(z.dtype)
@@ -90,7 +99,8 @@ def confidence_pgd(model, z, noise, eps: float, steps: int, box=(0.0, 1.0)) -> t
         return s.detach(), g
 
     score, grad = conf(x)
-    step = torch.full((len(z),) + (1,) * (z.ndim - 1), 0.1 * eps, device=z.device, dtype=z.dtype)
+    first = min(FIRST_STEP, eps)
+    step = torch.full((len(z),) + (1,) * (z.ndim - 1), first, device=z.device, dtype=z.dtype)
     for _ in range(steps):
         cand = torch.max(torch.min(x + step * grad.sign(), z + eps), z - eps)
         if box:
@@ -105,15 +115,25 @@ def confidence_pgd(model, z, noise, eps: float, steps: int, box=(0.0, 1.0)) -> t
 
 
 class _ACETObjective(_OutlierExposure):
-    """OE on out-batches pushed to high confidence by :func:`confidence_pgd` first.
+    """ACET's objective: cross-entropy on in-batches + ``weight`` x the mean maximal
+    log-confidence on out-batches pushed to high confidence by :func:`confidence_pgd` first
+    (started at the out-batch itself, as the paper's appendix says). The out-term and its
+    weight 0.001 for the first :data:`WARMUP_EPOCHS` epochs are the authors' (``train_ACET``
+    in ``utils/traintest.py``, ``lam = 0.001`` while ``epoch < 3`` in ``run_training.py``);
+    the max log-confidence is also Hein et al.'s (2019) loss on their adversarial noise.
 
     On CUDA the whole step, its inner attack included, runs in CUDA graphs
-    (:mod:`ccu.methods.graphed_step`): the attack's random starts (and ACET2's noise seeds) are
-    drawn on the CPU before the step (:meth:`prepare_out`) and taken by it as an input. When
-    the step's graphs are off (bf16, ``--compile``, or turned off by a failed check) the inner
-    attack alone runs in graphs of its own (:class:`ccu.methods.cuda_graphs.GraphedPGD`)."""
+    (:mod:`ccu.methods.graphed_step`; a graph for the warm-up epochs and one after): ACET2's
+    noise is drawn on the CPU before the step (:meth:`prepare_out`) and taken by it as an
+    input. When the step's graphs are off (bf16, ``--compile``, or turned off by a failed
+    check) the inner attack alone runs in graphs of its own
+    (:class:`ccu.methods.cuda_graphs.GraphedPGD`)."""
 
     graphable = True
+    uses_epoch = True  # the out-term's weight: 0.001 in the warm-up epochs, then ``weight``
+    #: the epochs (from 0) at the start whose out-term weight is :data:`WARMUP_WEIGHT`
+    WARMUP_EPOCHS = 3
+    WARMUP_WEIGHT = 0.001
 
     def __init__(self, weight, eps, steps, from_noise: bool, seed: int, box):
         super().__init__(weight)
@@ -124,13 +144,20 @@ class _ACETObjective(_OutlierExposure):
             seed,
             box,
         )
-        self.calls = 0  # out-batches prepared: their seeds (a checkpoint keeps it)
-        self.prepared_shape: tuple | None = None
+        self.calls = 0  # out-batches prepared: ACET2's noise seeds (a checkpoint keeps it)
         #: the inner attack in CUDA graphs (on CUDA, :func:`graphs_wanted`) while the step's
         #: own graphs are not used, made at the first out-batch, when the device is known
         self.graphed: GraphedPGD | None = None
         #: the graphs of the whole training step (:meth:`on_step_graphs`), None: eager steps
         self.step_graphs = None
+
+    def weight_at(self, epoch: int) -> float:
+        """The out-term's weight in ``epoch`` (from 0)."""
+        return self.WARMUP_WEIGHT if epoch < self.WARMUP_EPOCHS else self.weight
+
+    def graph_epoch(self, epoch: int):
+        """What of the epoch a graph of the step bakes in: whether it is a warm-up epoch."""
+        return epoch < self.WARMUP_EPOCHS
 
     def on_step_graphs(self, graphed) -> None:
         self.step_graphs = graphed
@@ -143,30 +170,36 @@ class _ACETObjective(_OutlierExposure):
         self.calls = int(state["calls"])
 
     def prepare_out(self, z):
-        """``(out-batch, start)`` stacked, drawn before the step: ACET2's uniform noise in place
-        of the out-batch, and the attack's start (:func:`attack_start`), one seed a batch."""
+        """The out-batch, made before the step: ACET2's uniform noise in place of the
+        out-distribution's batch (one seed a batch), ACET's batch as it is."""
         self.calls += 1
         if self.from_noise:  # ACET2: seeds from uniform noise instead of the out-distribution
             noise = uniform_noise(len(z), tuple(z.shape[1:]), self.seed * 100_003 + self.calls)
             z = host_to_device(noise, z.device).to(z.dtype)  # no host sync (pinned)
-        prepared = torch.stack([z, attack_start(z, self.seed + self.calls)])
-        self.prepared_shape = tuple(prepared.shape)
-        return prepared
+        return z
 
     def out_batch(self, model, z, epoch):
-        if tuple(z.shape) != self.prepared_shape:  # shapes only: no read from the device
+        if self.calls == 0:
             raise ValueError(
                 "ACET's out-batch is what its prepare_out(z) returns (the Trainer calls it "
                 "before each step); call it first when calling the objective directly."
             )
-        z, noise = z[0], z[1]  # as prepare_out stacked them
         in_step_graphs = self.step_graphs is not None and self.step_graphs.off is None
         if not in_step_graphs and self.graphed is None and graphs_wanted(z.device):
             self.graphed = GraphedPGD(
                 partial(confidence_pgd, eps=self.eps, steps=self.steps, box=self.box)
             )
         graphed = None if in_step_graphs else self.graphed
-        return attack_from(model, z, noise, self.eps, self.steps, self.box, graphed)
+        start = torch.zeros_like(z)  # the paper's start: the out-batch itself
+        return attack_from(model, z, start, self.eps, self.steps, self.box, graphed)
+
+    def __call__(self, model, x, y, z, epoch):
+        z = self.out_batch(model, z, epoch)
+        logits = model(torch.cat([x, z]))
+        n = len(x)
+        top = torch.log_softmax(logits[n:], 1).max(1).values.mean()
+        loss = F.cross_entropy(logits[:n], y) + self.weight_at(epoch) * top
+        return loss, logits[:n].detach()
 
     def record(self) -> dict:
         """The run config's ``inner_attack``: eager, or the graphs' record (:class:`GraphedPGD`);
@@ -194,8 +227,10 @@ class OEMethod(BaseMethod):
 
 @register_method
 class ACETMethod(BaseMethod):
-    """ACET (Hein et al. 2019): OE on out-batches pushed to maximal confidence by PGD
-    (l_inf eps 0.3, ``profile.acet_steps`` steps, backtracking), weight 1."""
+    """ACET (Hein et al. 2019) as the paper trains it: cross-entropy on in-batches and the
+    maximal log-confidence on out-batches pushed to high confidence by PGD (l_inf eps 0.3,
+    ``profile.acet_steps`` steps from the out-batch itself, backtracking), weight 1 after three
+    warm-up epochs at 0.001 (:class:`_ACETObjective`)."""
 
     name = "ACET"
     from_noise = False
@@ -232,8 +267,9 @@ class MCDMethod(BaseMethod):
     Prediction: the mean softmax. Score: minus the summed variance of the softmax over the
     passes (higher = more in-distribution). The passes are one forward over seven copies of the
     batch; :meth:`log_probs_and_score` takes both outputs from the same passes. The paper uses
-    VGG13 (profile ``vgg_methods``; the ``paper`` profile sets it); the other profiles keep the
-    dataset's network, with dropout before its last layers.
+    VGG13 where the others train a ResNet18 and LeNet on MNIST (the ``paper`` profile;
+    :data:`ccu.methods.base.PAPER_NETWORK_REPLACES`; ``vgg_methods`` gives VGG13 anywhere);
+    the other profiles keep the dataset's network, with its dropout before its last layer.
     """
 
     name = "MCD"

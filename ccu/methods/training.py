@@ -89,6 +89,11 @@ class Objective:
     def __call__(self, model, x, y, z, epoch):  # pragma: no cover - interface
         raise NotImplementedError
 
+    def graph_epoch(self, epoch: int):
+        """What of ``epoch`` a CUDA graph of the step bakes in (a graph per value): the epoch
+        itself when the objective reads it (``uses_epoch``), else None (one graph for all)."""
+        return epoch if self.uses_epoch else None
+
     def prepare_out(self, z: torch.Tensor) -> torch.Tensor:
         """The out-batch as :meth:`__call__` takes it, made before the step and outside its
         CUDA graph (e.g. ACET's random starts, drawn on the CPU); here ``z`` itself."""
@@ -325,7 +330,7 @@ class Trainer:
             step = _ObjectiveStep(self, model, loader, opt, sched, objective, autocast)
             if graphs:
                 self.graphed = GraphedStep(
-                    step.one_step, model, opt, uses_epoch=objective.uses_epoch
+                    step.one_step, model, opt, uses_epoch=objective.graph_epoch
                 )
             told = getattr(objective, "on_step_graphs", None)  # a plain callable has no hook
             if told is not None:

@@ -20,7 +20,13 @@ import torch
 
 from ccu.core import evaluate as ev
 from ccu.core.attacks import AttackResult, attack_batch_size, ball_attack
-from ccu.core.bounds import certified_mask, certified_radius, check_certificate, confidence_bound
+from ccu.core.bounds import (
+    certified_mask,
+    certified_radius,
+    check_certificate,
+    confidence_bound,
+    float64_confidence,
+)
 from ccu.data import Dataset
 from ccu.run.balls import Balls, certify_balls, digest
 from ccu.run.config import Profile, get_profile
@@ -40,6 +46,8 @@ from ccu.store.records import (
     BOUND_VIOLATIONS,
     CCU_BOUND_VIOLATIONS,
     CERTIFICATE,
+    CONFIDENCE_IN,
+    CONFIDENCE_IN_FLOAT64,
     MAX_BOUND_OVER_BALLS,
     MAX_CONFIDENCE_FLOAT64,
     MAX_DISTANCE_OVER_RADIUS,
@@ -224,19 +232,29 @@ def _stochastic(name) -> bool:
         return False
 
 
-def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, attack_batch=None):
+def attack_in_balls(
+    name, run, balls: Balls, prof: Profile, seed, directory, attack_batch=None, test_x=None
+):
     """One method's attack in the certified ``balls`` (Table 1's row: TE, SR, AUC, ...), or
     its saved result when the same attack already finished in ``directory``. A method with a
     certifier (CCU, CCU-<family>) is also judged against its own Corollary 1 bound over the
-    balls (its row's ``certificate``, :func:`_own_certificate`). Saves
-    ``attack.<name>.json|npz`` and returns ``(row, worst points, worst scores)``."""
+    balls (its row's ``certificate``, :func:`_own_certificate`); its certified AUC compares the
+    float64 model's confidences on the test images ``test_x`` (needed then) with its bounds.
+    Saves ``attack.<name>.json|npz`` and returns ``(row, worst points, worst scores)``."""
     key = attack_key(balls, run.config, prof, seed)
     meta, arrays = store.attack_files(directory, name)
     certifier = run.method.certifier()
+    if certifier is not None and test_x is None:
+        raise ValueError(
+            f"attack_in_balls: {name} certifies; pass the test images (test_x) its certified "
+            "AUC is measured on."
+        )
     if meta.exists():
         saved = store.read_json(meta)
         row = saved.get(ATTACK_ROW, {})
-        if saved.get(ATTACK_KEY) == key and (certifier is None or CERTIFICATE in row):
+        own = row.get(CERTIFICATE, {})  # a certifier's, its certified AUC of float64 confidences
+        current = certifier is None or own.get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64
+        if saved.get(ATTACK_KEY) == key and current:
             got = store.read_npz(arrays) if arrays.exists() else None
             if got is None:
                 raise CorruptResultError(
@@ -291,7 +309,7 @@ def attack_in_balls(name, run, balls: Balls, prof: Profile, seed, directory, att
         own = balls.radii if _is_ball_run(name, run, balls) else None
         row[CERTIFICATE] = _own_certificate(
             certifier, worst_x, balls.centres, balls.radii, ok, balls.level,
-            run.scores["test_confidence"], own,
+            float64_confidence(certifier, test_x).numpy(), own,
         )  # fmt: skip
     store.write_npz(arrays, worst_x=worst_x, worst_score=worst)
     store.write_json(meta, {ATTACK_KEY: key, ATTACK_ROW: row})  # last: marks the attack as finished
@@ -358,7 +376,8 @@ def _own_certificate(
     model, worst_x, centres, radii, ok, level, test_confidence, own_radius=None
 ) -> dict:
     """A certifying method's worst points against its own bound over the balls (float64), and
-    its own certified radii and certified AUC on the same centres.
+    its own certified radii and certified AUC on the same centres (``test_confidence``: the
+    float64 model's confidences on the test images, as the bounds are float64 statements).
 
     Two kinds of points: the attack's worst points in the balls of ``radii`` and, in the
     method's *own* certified balls, the points of :func:`density_peaks` (highest in-density,
@@ -374,6 +393,7 @@ def _own_certificate(
         N_OWN_CERTIFIED: int(own_ok.sum()),
         MEDIAN_OWN_RADIUS: median(own_radius[own_ok]) if bool(own_ok.any()) else None,
         OWN_CERTIFIED_AUC: ev.strict_auc(test_confidence, own_bound.numpy()),
+        CONFIDENCE_IN: CONFIDENCE_IN_FLOAT64,
         BOUND_VIOLATIONS: 0,
         ATTACK_BOUND_VIOLATIONS: 0,
         PEAK_BOUND_VIOLATIONS: 0,
@@ -429,16 +449,21 @@ def ensure_balls(name: str, run: RunResult, data: Dataset, prof: Profile, seed, 
     if Balls.exists(directory):
         saved = Balls.load(directory)
         same = (saved.summary.get(BALLS_FROM), saved.summary.get(N_CENTRES), saved.level)
-        if saved.ball_run_files == run.config.get("files") and same == (
-            name,
-            prof.n_centres,
-            level,
+        current = saved.summary.get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64  # 0.6.0's AUC
+        if (
+            saved.ball_run_files == run.config.get("files")
+            and current
+            and same
+            == (
+                name,
+                prof.n_centres,
+                level,
+            )
         ):
             return saved
     balls = certify_balls(
-        name, run.method.certifier(), run.scores["test_confidence"], data, prof.n_centres, seed,
-        level, run.config.get("files"),
-    )  # fmt: skip
+        name, run.method.certifier(), data, prof.n_centres, seed, level, run.config.get("files")
+    )
     balls.save(directory)
     return Balls.load(directory)
 
@@ -504,7 +529,7 @@ def adversarial_noise(
         for name, run in bar:
             bar.set_postfix_str(name)
             per_method[name], worst_x[name], worst_score[name] = attack_in_balls(
-                name, run, balls, prof, seed, directory, attack_batch
+                name, run, balls, prof, seed, directory, attack_batch, data.test_x
             )
             took = per_method[name].get(ATTACK_SECONDS, 0.0)
             log(f"attacked {name} on {data.name} in {n_balls} balls ({took:.1f} s)")

@@ -33,7 +33,13 @@ import numpy as np
 import torch
 
 from ccu.core import evaluate as ev
-from ccu.core.bounds import certified_mask, certified_radius, confidence_bound, images_inside_balls
+from ccu.core.bounds import (
+    certified_mask,
+    certified_radius,
+    confidence_bound,
+    float64_confidence,
+    images_inside_balls,
+)
 from ccu.core.metric import Mahalanobis
 from ccu.data import Dataset, uniform_noise
 from ccu.data.sources import sha256
@@ -45,6 +51,8 @@ from ccu.store.records import (
     BALLS_KEY,
     CENTRE_SEED_OFFSET,
     CERTIFIED_AUC,
+    CONFIDENCE_IN,
+    CONFIDENCE_IN_FLOAT64,
     IMAGES_INSIDE_BALLS,
     LEVEL,
     MEDIAN_RADIUS,
@@ -152,16 +160,17 @@ class Balls:
 
 
 def certify_balls(
-    name: str, model, test_confidence, data: Dataset, n_centres: int, seed: int = 0, level: float = 1.1,
+    name: str, model, data: Dataset, n_centres: int, seed: int = 0, level: float = 1.1,
     ball_run_files: dict | None = None,
 ) -> Balls:  # fmt: skip
     """Table 1's balls: ``n_centres`` uniform-noise centres (seeded with ``seed + 1000``), the
     certified radius of each under ``model`` (a certifying :class:`ccu.CCU`, ``name`` its
     method) at ``level / M`` (NaN: uncertified, the bound at ``R = 0`` is above the level), the
     bound over each ball, the training and test images inside the balls and the certified AUC
-    (CCU's ``test_confidence`` against the guaranteed bounds; an uncertified centre counts as
-    a failure). ``ball_run_files``: the sha256 of the certifying run's files (its config's
-    ``files``), part of the key."""
+    (the float64 model's confidences on the test set, :func:`ccu.core.bounds.float64_confidence`,
+    against the guaranteed bounds, which are float64 statements too; an uncertified centre
+    counts as a failure). ``ball_run_files``: the sha256 of the certifying run's files (its
+    config's ``files``), part of the key."""
     from ccu.run.experiment import median
 
     centres = uniform_noise(n_centres, data.spec.shape, seed + CENTRE_SEED_OFFSET)
@@ -180,7 +189,8 @@ def certify_balls(
         N_UNCERTIFIED: int((~ok).sum()),
         LEVEL: level,
         IMAGES_INSIDE_BALLS: int(inside.sum()),
-        CERTIFIED_AUC: ev.strict_auc(test_confidence, guaranteed),
+        CERTIFIED_AUC: ev.strict_auc(float64_confidence(model, data.test_x).numpy(), guaranteed),
+        CONFIDENCE_IN: CONFIDENCE_IN_FLOAT64,  # what the certified AUC compared (0.6.0 on)
         MEDIAN_RADIUS: median(radii[ok]) if bool(ok.any()) else float("nan"),
     }
     key = digest(centres.numpy(), radii.numpy(), level, ball_run_files)

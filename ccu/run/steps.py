@@ -234,7 +234,9 @@ def attack_in_saved_balls(spec: RunSpec, methods, root=None, data=None) -> dict:
         run = _run(spec.with_method(m), root, data)
         meta, _ = store.attack_files(directory, m)
         with FileLock(f"{meta}.lock"):
-            rows[m] = attack_in_balls(m, run, balls, spec.profile, spec.seed, directory)[0]
+            rows[m] = attack_in_balls(
+                m, run, balls, spec.profile, spec.seed, directory, test_x=data.test_x
+            )[0]
         log(f"attacked {m} on {spec.dataset} in {int(balls.ok.sum())} saved balls")
     return rows
 

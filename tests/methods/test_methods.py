@@ -1,5 +1,6 @@
 """Every method on `digits` (smoke) and method-specific checks."""
 
+import copy
 import math
 
 import numpy as np
@@ -215,7 +216,11 @@ def test_attack_uses_the_surrogate_and_judges_by_the_true_score():
 
 
 def test_vgg13_for_the_paper_profile_methods():
-    """The paper gives MCD and GAN a VGG; the `paper` profile (or `vgg_methods`) does too."""
+    """The paper gives MCD and GAN a VGG where the others train a ResNet18 ("LeNet on MNIST and
+    a Resnet18 (for GAN and MCD we use VGG) otherwise"); the `paper` profile does too, and
+    `vgg_methods` gives VGG13 on any network."""
+    from dataclasses import replace
+
     from ccu.core.nets import VGG13
 
     paper = ccu.get_profile("paper")
@@ -224,9 +229,14 @@ def test_vgg13_for_the_paper_profile_methods():
     vgg = {n for n, m in ccu.methods.METHODS.items() if m.paper_network == "vgg13"}
     assert vgg == {"MCD", "GAN"}
     data = load_dataset("digits").subset(100)
-    for name in ("MCD", "GAN", "Base", "CCU"):
-        m = get_method(name)(data.spec, ccu.train_settings("digits"), paper)
-        assert m.network_kind() == ("vgg13" if name in vgg else "mlp")
+    for network in ("resnet18", "lenet", "mlp"):
+        settings = replace(ccu.train_settings("digits"), classifier=network)
+        for name in ("MCD", "GAN", "Base", "CCU"):
+            m = get_method(name)(data.spec, settings, paper)
+            replaced = name in vgg and network == "resnet18"
+            assert m.network_kind() == ("vgg13" if replaced else network)
+    assert ccu.train_settings("mnist").classifier == "lenet"  # so MNIST's MCD and GAN: LeNet
+    assert ccu.train_settings("fmnist").classifier == "resnet18"  # there: VGG13
     prof = ccu.get_profile("smoke", vgg_methods=["MCD"])  # a list, as papermill passes JSON
     mcd = get_method("MCD")(data.spec, ccu.train_settings("digits"), prof)
     mcd.build(data)
@@ -267,3 +277,77 @@ def test_odin_predicts_with_the_networks_own_prediction_on_the_clean_input():
     assert torch.equal(lp.argmax(1), want) and torch.allclose(score, m.score(x))
     moved = x + 2.5 * torch.tensor([[1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]])  # ODIN's step
     assert not torch.equal(m.model(moved).argmax(1), want)  # where the old prediction came from
+
+
+def test_acets_inner_attack_starts_at_the_out_batch_itself():
+    """The paper's appendix: ACET's PGD "starts at the original point"; its first step is the
+    authors' 0.1 (:data:`ccu.methods.trained.FIRST_STEP`)."""
+    from ccu.methods import trained
+
+    torch.manual_seed(0)
+    model = ccu.MLP(64, 10, hidden=32)
+    z = torch.rand(20, 1, 8, 8)
+    assert torch.equal(linf_confidence_attack(model, z, eps=0.3, steps=0), z)
+    one = linf_confidence_attack(model, z, eps=0.3, steps=1)
+    moved = (one - z).abs().flatten(1).amax(1)
+    # a step taken is the first step (or less, at the box), one not taken leaves z as it is
+    assert bool(((moved <= trained.FIRST_STEP + 1e-6) & (moved > 0) | (moved == 0)).all())
+    assert float(moved.max()) == pytest.approx(trained.FIRST_STEP, abs=1e-6)
+    # ACET's objective attacks from the out-batch itself: with no steps it trains on it
+    acet = trained._ACETObjective(1.0, 0.3, 0, False, 0, (0.0, 1.0))
+    assert torch.equal(acet.out_batch(model, acet.prepare_out(z), 5), z)
+
+
+def test_acets_out_term_is_the_max_log_confidence_after_a_warm_up():
+    """The authors' ``train_ACET``: cross-entropy + lam x the mean max log-confidence of the
+    attacked out-batch, lam 0.001 for the first three epochs (``run_training.py``)."""
+    from ccu.methods import trained
+
+    torch.manual_seed(0)
+    model = ccu.MLP(64, 10, hidden=32)
+    x, y, z = torch.rand(8, 1, 8, 8), torch.randint(0, 10, (8,)), torch.rand(6, 1, 8, 8)
+    acet = trained._ACETObjective(1.0, 0.3, 0, False, 0, (0.0, 1.0))
+    z = acet.prepare_out(z)
+    ce = F.cross_entropy(model(x), y)
+    top = torch.log_softmax(model(z), 1).max(1).values.mean()
+    for epoch, weight in ((0, 0.001), (2, 0.001), (3, 1.0), (99, 1.0)):
+        loss, _ = acet(model, x, y, z, epoch)
+        assert float(loss.detach()) == pytest.approx(float(ce + weight * top), rel=1e-6)
+    # a graph of the step bakes in the phase, not the epoch: two graphs, not one an epoch
+    assert {acet.graph_epoch(e) for e in range(100)} == {True, False}
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")  # no batches here
+def test_gans_learning_rates_drop_at_the_papers_milestones(monkeypatch):
+    """The paper's appendix: "We decrease all learning rates by a factor of 10 after 50, 75
+    and 90 epochs" (at 10 epochs: after 5, 8 and 9), for GAN's three optimisers too."""
+    from ccu.methods import gan
+
+    monkeypatch.setattr(gan, "graphs_wanted", lambda device: False)
+    data = load_dataset("digits", seed=0).subset(64)
+    prof = ccu.get_profile("smoke", epochs=10, n_train=64)
+    m = built_method("GAN", data, prof)
+    step = gan.GANStep(m.model, [], m.settings, 0, m.latent, m.beta, "cpu", epochs=10)
+    first = [o.param_groups[0]["lr"] for o in step.opts.values()]
+    seen, saved = [], None
+    for epoch in range(10):
+        seen.append([o.param_groups[0]["lr"] for o in step.opts.values()])
+        if epoch == 8:
+            saved = {**copy.deepcopy(step.state_dict()), "epoch": 8}  # a checkpoint after 8
+        step.run(epoch)
+    for e, lrs in enumerate(seen):
+        drops = sum(e >= k for k in (5, 8, 9))
+        assert lrs == pytest.approx([lr * 0.1**drops for lr in first])
+    # resumed after 8 epochs: the rates it had there
+    again = gan.GANStep(m.model, [], m.settings, 0, m.latent, m.beta, "cpu", epochs=10)
+    again.load_state_dict(saved)  # the optimisers' states carry their rates
+    assert [o.param_groups[0]["lr"] for o in again.opts.values()] == pytest.approx(seen[8])
+    again.run(8)
+    assert [o.param_groups[0]["lr"] for o in again.opts.values()] == pytest.approx(seen[9])
+
+
+def test_mcds_lenet_has_one_dropout_before_its_last_layer():
+    """As the authors' MC-dropout LeNet: dropout between fc 1024 and fc M only."""
+    net = ccu.core.nets.LeNet(10, dropout=0.5)
+    drops = [i for i, m in enumerate(net.head) if isinstance(m, torch.nn.Dropout)]
+    assert drops == [len(net.head) - 2] and isinstance(net.head[-1], torch.nn.Linear)
