@@ -307,6 +307,11 @@ def cmd_run(args) -> int:
     """Every step for every (dataset, seed), one method after another; CCU first."""
     from ccu.run import steps
 
+    if args.reference_out and len(args.seed) > 1:
+        raise UsageError(
+            "--reference-out copies one seed's run (DIR/<profile>/<dataset> holds one); give one "
+            "--seed, or copy each seed afterwards: `ccu reference --seed K --out DIR_K`."
+        )
     specs = [_spec(args, dataset=d, seed=args.seed[0]) for d in args.dataset]
     steps.run_all(
         specs, args.seed, args.method, _root(args), args.stop_after,

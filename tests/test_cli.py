@@ -243,7 +243,11 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     common = ["--profile", "smoke", "--overrides", json.dumps(TINY), "--results", str(res)]
     common += ["--device", "cpu", "--no-progress"]
     argv = ["run", "--dataset", "digits", "--method", "Base", "CCU", "--seed", "0", "1"]
-    assert cli.main([*argv, *common, "--reference-out", str(ref)]) == cli.EXIT_OK
+    # one reference folder holds one seed's run: two seeds into it are refused before any work
+    assert cli.main([*argv, *common, "--reference-out", str(ref)]) == cli.EXIT_USAGE
+    assert "--reference-out copies one seed's run" in _one_error_line(capsys)
+    assert not list(res.rglob("config.json"))  # nothing trained
+    assert cli.main([*argv, *common]) == cli.EXIT_OK
     out = capsys.readouterr().out
     assert "mean ± sd over seeds [0, 1]" in out and " ± " in out
     for seed in (0, 1):
@@ -270,8 +274,16 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     t1 = pd.read_csv(next(res.glob("*/digits/tables")) / "table1.csv")
     assert set(t1.method) == {"Base", "CCU"} and (t1.n == 2).all()
     assert t1[(t1.method == "CCU") & (t1.key == "SR")]["mean"].iloc[0] == 0.0
-    # the reference copy: what ``--reference-out`` wrote
+    # the reference copy of seed 0 (what ``--reference-out`` writes); seed 1's is not put over it
+    copy = ["reference", "--dataset", "digits", "--method", "Base", "CCU", "--out", str(ref)]
+    assert cli.main([*copy, "--seed", "0", *common]) == cli.EXIT_OK
     out_dir = ref / PROF.label / "digits"
+    before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    capsys.readouterr()
+    assert cli.main([*copy, "--seed", "1", *common]) == cli.EXIT_USAGE
+    assert "is the part of another" in _one_error_line(capsys)
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
+    assert cli.main([*copy, "--seed", "0", *common]) == cli.EXIT_OK  # the same run again: fine
     names = {p.name for p in out_dir.iterdir()}
     assert names == {
         "Base.config.json", "Base.metrics.json", "CCU.config.json", "CCU.metrics.json",

@@ -62,7 +62,8 @@ ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE",
 #: scoring and start (with ACET's and ACET2's attacks beside them: MCD and GAN alone may be faster). Estimated: DE's five members at once (each a Base training in a process
 #: of its own; 4 processes did not slow each other) plus its resume and scoring; the attacks of
 #: DE, MCD and GAN from the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x 500).
-#: CCU's entry includes its build (:data:`CCU_BUILD_S`), which a carried fit takes out.
+#: CCU's entry includes its build (:data:`CCU_BUILD_S`), which a carried fit takes out. MCD and GAN
+#: train LeNet on MNIST since 0.6.0 (the VGG13 measures: VGG13_COST_S): estimated until call 0.
 COST_S = {
     "Base": (170, 65),
     "ODIN": (14, 50),  # on Base, which its lane trains first (cost of Base added)
@@ -71,11 +72,15 @@ COST_S = {
     "OE": (205, 65),
     "CCU": (465, 75),
     "DE": (250, 100),  # its five members at once, each in a process of its own
-    "MCD": (720, 110),
-    "GAN": (1545, 80),
+    "MCD": (200, 290),  # on LeNet since 0.6.0 (VGG13_COST_S before): Base's training; its attack
+    "GAN": (450, 80),  # seven LeNet passes a step (~5x Base's); GAN's step ~3 LeNet passes: guesses
     "ACET": (3400, 65),
     "ACET2": (3470, 65),
 }
+#: MCD's and GAN's costs on VGG13 at MNIST's size, measured 2026-11-28 (7.0 and 15.2 s an epoch,
+#: four at once; the attacks estimated): what their VGG13s on the other datasets are scaled from
+#: (:func:`estimated_seconds`); on MNIST the paper's MCD and GAN train LeNet (COST_S)
+VGG13_COST_S = {"MCD": (720, 110), "GAN": (1545, 80)}
 #: a reduced variant among a call's methods: ``MCD@50`` is MCD trained for 50 epochs, with the
 #: profile's other fields as they are: its own label (``paper-e50``), its part in its own folder,
 #: attacked in the certified balls of the call's profile (``CCU@N``, ``ODIN@N`` and ``Maha@N``
@@ -204,7 +209,7 @@ def _timed_alone(method: str, bench: Path | None = None, dataset: str = "mnist")
 NETWORK_BENCH = REPO / "benchmarks" / "timings" / "bench_gpu_h200.json"
 #: the methods on a dataset's own network whose training COST_S scales with Base's epoch on
 #: that network (DE: a member; OE: twice the images, as Base's ratio scales both), with CCU's
-#: own; MCD and GAN train a VGG13 on every dataset: as on MNIST, per image
+#: own; MCD and GAN train a VGG13 where the others train ResNet18: VGG13_COST_S per image
 ON_THE_NETWORK = ("Base", "ODIN", "Maha", "EDL", "OE", "DE", "ACET", "ACET2")
 
 
@@ -243,7 +248,7 @@ def estimated_seconds(method: str, dataset: str) -> tuple[int, int] | None:
     epoch, image = network_factor(dataset, method), network_factor(dataset, method, "image")
     if epoch is None or image is None or method not in COST_S:
         return None
-    train, attack = COST_S[method]
+    train, attack = VGG13_COST_S.get(method) or COST_S[method]  # MCD, GAN: VGG13 off MNIST
     if method == "CCU":  # its build is on the inputs, not the network: planned apart
         train = ccu_build_s(dataset) + (train - CCU_BUILD_S) * epoch
     elif method == "DE":
@@ -1969,7 +1974,14 @@ def _check_members(where: str, files: dict[str, bytes]) -> None:
 def _check_balls(folder: Path, files: dict[str, bytes]) -> None:
     incoming = files.get("balls.json")
     if incoming is not None and (folder / "balls.json").exists():
-        key = json.loads((folder / "balls.json").read_text())[BALLS_KEY]
+        try:
+            key = json.loads((folder / "balls.json").read_text())[BALLS_KEY]
+        except (ValueError, KeyError) as exc:
+            raise AbsorbError(
+                f"the committed {folder / 'balls.json'} is damaged ({type(exc).__name__}: "
+                f"{exc}); restore it from git (`git checkout -- {folder / 'balls.json'}`)",
+                4,
+            ) from exc
         if json.loads(incoming)[BALLS_KEY] != key:
             raise AbsorbError(
                 f"the call's balls are not the committed ones in {folder}: its parts are attacks "
@@ -2009,11 +2021,29 @@ def _absorb_folder(folder: Path, files: dict[str, bytes], log) -> list[str]:
     elif "balls.json" in files:
         incoming = json.loads(files["balls.json"])
         owner = whole.get(incoming[BALLS_FROM])
+        committed = folder / f"{incoming[BALLS_FROM]}.config.json"
+        # taken with their method's part only: the balls of a part that is not taken (another
+        # run of it is committed) would sit beside that run's numbers
+        other_run = (
+            owner is not None
+            and committed.exists()
+            and not _same_run(committed.read_bytes(), owner["config.json"])
+        )
+        differ = [
+            n for n in BALL_FILES if n in files and (folder / n).exists()
+            and (folder / n).read_bytes() != files[n]
+        ]  # fmt: skip
         if (
             owner is not None
             and json.loads(owner["attack.json"])[PART_BALLS_KEY] == incoming[BALLS_KEY]
+            and not other_run
+            and not differ
         ):
             take_balls, key = True, incoming[BALLS_KEY]
+        elif other_run or differ:
+            log(f"the balls came with a part of another {incoming[BALLS_FROM]} run than the one "
+                f"committed in {folder} ({', '.join(differ) or 'its config'} differ): not "
+                "absorbed, nor the parts attacked in them")  # fmt: skip
         else:
             log(f"the balls came without the whole part of {incoming[BALLS_FROM]}: not absorbed")
     folder.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,13 @@ import torch
 from ccu.data.archives import TINY_IMAGENET_FILES, tiny_imagenet
 from ccu.data.cifar10 import cifar10_split
 from ccu.data.images import chw_float, fit_to_shape, grey_resized, uniform_noise
-from ccu.data.sources import DataNotFoundError, data_root, mirror_available, torchvision_dataset
+from ccu.data.sources import (
+    CorruptDataError,
+    DataNotFoundError,
+    data_root,
+    mirror_available,
+    torchvision_dataset,
+)
 
 #: The ACET paper draws the Noise set's smoothing width from this range.
 NOISE_SIGMA_RANGE = (1.0, 2.5)
@@ -75,6 +81,20 @@ class OODSpec:
     load: Callable
 
 
+def drawn(x: torch.Tensor, count: int, seed: int) -> torch.Tensor:
+    """``count`` of the images ``x``: a seeded draw without replacement, kept in their order (all
+    of them when ``count`` is not smaller). Not the first ``count``: the files hold their
+    images class by class (CIFAR-10's test set), so those would be one or two classes.
+
+    >>> drawn(torch.arange(10), 3, 0).tolist() == drawn(torch.arange(10), 3, 0).tolist()
+    True
+    """
+    if count >= len(x):
+        return x
+    pick = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:count]
+    return x[pick.sort().values]
+
+
 def _uniform(data, seed, count, root):
     return uniform_noise(count, data.spec.shape, seed), "generated", "Uniform"
 
@@ -93,13 +113,13 @@ def _cifar10_test(root):
 
 def _grcifar10(data, seed, count, root):
     cifar = _cifar10_test(root)
-    return grey_resized(cifar.x, data.spec.shape[-1])[:count], cifar.source, "GrCIFAR10"
+    return grey_resized(drawn(cifar.x, count, seed), data.spec.shape[-1]), cifar.source, "GrCIFAR10"
 
 
 def _cifar10(data, seed, count, root):
     cifar = _cifar10_test(root)
     return (
-        fit_to_shape(cifar.x, data.spec.shape, "OOD set 'cifar10' images")[:count],
+        fit_to_shape(drawn(cifar.x, count, seed), data.spec.shape, "OOD set 'cifar10' images"),
         cifar.source,
         "CIFAR10",
     )
@@ -114,7 +134,7 @@ def _torchvision(name: str, label: str):
                 f"OOD set {name!r} images have shape {tuple(x.shape[1:])}; "
                 f"the in-distribution has {data.spec.shape}."
             )
-        return x[:count], source, label
+        return drawn(x, count, seed), source, label
 
     return load
 
@@ -143,22 +163,33 @@ def image_folder(name: str, shape: tuple[int, ...], root=None) -> torch.Tensor:
             T.CenterCrop(list(shape[1:])),
         ]
     )
-    ds = datasets.ImageFolder(str(folder), transform=tf)
-    x = torch.stack([ds[i][0] for i in range(len(ds))])
+    try:
+        ds = datasets.ImageFolder(str(folder), transform=tf)
+    except FileNotFoundError as exc:  # no class folder, or no image in them
+        raise DataNotFoundError(
+            f"OOD set {name!r}: {folder} holds no images in <class name>/*.jpg folders ({exc}); "
+            "put them there (torchvision ImageFolder layout)."
+        ) from exc
+    try:
+        x = torch.stack([ds[i][0] for i in range(len(ds))])
+    except (OSError, ValueError) as exc:  # PIL: a truncated or unreadable image
+        raise CorruptDataError(
+            f"OOD set {name!r}: an image in {folder} cannot be read ({exc}); replace or remove it."
+        ) from exc
     if shape[0] == 1:
         x = grey_resized(x, shape[1])
     return x
 
 
 def _lsun_cr(data, seed, count, root):
-    x = image_folder("lsun_cr", data.spec.shape, root)[:count]
+    x = drawn(image_folder("lsun_cr", data.spec.shape, root), count, seed)
     return x, f"image folder {data_root(root) / 'LSUN_CR'}", "LSUN_CR"
 
 
 def _imagenet_minus(data, seed, count, root):
     folder = data_root(root) / IMAGE_FOLDER_SETS["imagenet-"]
     if folder.is_dir():  # the paper's own set, provided by the user
-        x = image_folder("imagenet-", data.spec.shape, root)[:count]
+        x = drawn(image_folder("imagenet-", data.spec.shape, root), count, seed)
         return x, f"image folder {folder}", "Imagenet-"
     if not mirror_available(TINY_IMAGENET_FILES["test"], root):
         raise DataNotFoundError(
@@ -169,7 +200,8 @@ def _imagenet_minus(data, seed, count, root):
         )
     x = fit_to_shape(
         chw_float(tiny_imagenet("test", root)), data.spec.shape, "OOD set 'imagenet-' images"
-    )[:count]
+    )
+    x = drawn(x, count, seed)
     return (
         x,
         f"offline mirror {TINY_IMAGENET_FILES['test']} resized to 32x32 (ODIN's Imagenet "

@@ -35,7 +35,14 @@ import torch.nn.functional as F
 
 from ccu.data.archives import CIFAR10_JPEG_FILE, TINY_IMAGENET_FILES, tiny_imagenet
 from ccu.data.cifar10 import cifar10_available, cifar10_split
-from ccu.data.images import chw_float, fit_to_shape, grey_resized, uniform_noise
+from ccu.data.images import (
+    OUT_STREAM,
+    chw_float,
+    fit_to_shape,
+    grey_resized,
+    stream_seed,
+    uniform_noise,
+)
 from ccu.data.sources import CorruptDataError, DataNotFoundError, data_root, mirror_available
 
 TINY_IMAGES_FILE = "tiny_images.bin"
@@ -159,7 +166,10 @@ def colour_natural_out(shape: tuple[int, ...], root=None) -> OutSet:
         stacklevel=3,
     )
     x = torch.cat(
-        [natural_image_patches(20000, 32, 0, channels=3), uniform_noise(5000, (3, 32, 32), 1)]
+        [
+            natural_image_patches(20000, 32, 0, channels=3),
+            uniform_noise(5000, (3, 32, 32), stream_seed(OUT_STREAM, 1)),
+        ]
     )
     x = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(0))]
     return OutSet(
@@ -258,7 +268,7 @@ def uniform_box(low: float, high: float, n: int = 2000):
 
     def out(shape: tuple[int, ...], seed: int, root=None) -> OutSet:
         return OutSet(
-            x=uniform_noise(n, shape, seed + 1, low, high),
+            x=uniform_noise(n, shape, stream_seed(OUT_STREAM, seed), low, high),
             description=f"{n:,} uniform-noise points on [{low:g}, {high:g}]^{int(np.prod(shape))}",
             source="generated",
         )
@@ -273,7 +283,7 @@ def photo_patches(n_patches: int, n_uniform: int):
         x = torch.cat(
             [
                 natural_image_patches(n_patches, shape[-1], seed, channels=shape[0]),
-                uniform_noise(n_uniform, shape, seed + 1),
+                uniform_noise(n_uniform, shape, stream_seed(OUT_STREAM, seed)),
             ]
         )
         x = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))]

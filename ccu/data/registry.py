@@ -23,7 +23,7 @@ import torch
 from ccu.core.settings import TrainSettings
 from ccu.data import in_distributions, out_distributions
 from ccu.data.augment import CIFAR_LIKE, DIGITS_8X8, MNIST_LIKE, SVHN_LIKE
-from ccu.data.images import uniform_noise
+from ccu.data.images import OUT_STREAM, stream_seed, uniform_noise
 from ccu.data.ood_test_sets import OOD_SETS
 from ccu.data.spec import Dataset, DatasetSpec
 
@@ -209,7 +209,7 @@ def _out_set(spec: DatasetSpec, out: str, seed, root, n_out, out_path, out_exclu
     count = n_out or 50_000
     if out == "uniform":
         return out_distributions.OutSet(
-            x=uniform_noise(count, spec.shape, seed + 7),
+            x=uniform_noise(count, spec.shape, stream_seed(OUT_STREAM, seed)),
             description=f"{count:,} uniform-noise images",
             source="generated",
         )

@@ -16,7 +16,7 @@ from torch import nn
 
 from ccu.core.losses import uniform_cross_entropy
 from ccu.data.batches import host_to_device
-from ccu.data.images import uniform_noise
+from ccu.data.images import stream_seed, uniform_noise
 from ccu.methods.base import RAW_SCORE, BaseMethod, register_method
 from ccu.methods.cuda_graphs import GraphedPGD, graphs_wanted
 from ccu.methods.training import History, Objective
@@ -174,7 +174,8 @@ class _ACETObjective(_OutlierExposure):
         out-distribution's batch (one seed a batch), ACET's batch as it is."""
         self.calls += 1
         if self.from_noise:  # ACET2: seeds from uniform noise instead of the out-distribution
-            noise = uniform_noise(len(z), tuple(z.shape[1:]), self.seed * 100_003 + self.calls)
+            seed = stream_seed(f"ACET2 noise, batch {self.calls}", self.seed)  # not a test set's
+            noise = uniform_noise(len(z), tuple(z.shape[1:]), seed)
             z = host_to_device(noise, z.device).to(z.dtype)  # no host sync (pinned)
         return z
 

@@ -80,7 +80,7 @@ class Objective:
     ``graphable``: its step may be replayed from a CUDA graph (:mod:`ccu.methods.graphed_step`):
     no read-back to the host, no Python decision on a tensor's value, no graphs of its own;
     ``uses_epoch``: it reads ``epoch`` (a graph per epoch then). What a step needs from the
-    host (random starts drawn on the CPU) :meth:`prepare_out` makes before the step."""
+    host (ACET2's noise, drawn on the CPU) :meth:`prepare_out` makes before the step."""
 
     uses_out = False
     graphable = False
@@ -96,7 +96,7 @@ class Objective:
 
     def prepare_out(self, z: torch.Tensor) -> torch.Tensor:
         """The out-batch as :meth:`__call__` takes it, made before the step and outside its
-        CUDA graph (e.g. ACET's random starts, drawn on the CPU); here ``z`` itself."""
+        CUDA graph (e.g. ACET2's noise, drawn on the CPU); here ``z`` itself."""
         return z
 
     def on_step_graphs(self, graphed: GraphedStep | None) -> None:

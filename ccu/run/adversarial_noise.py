@@ -170,6 +170,8 @@ class AdversarialResult:
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
+        # the table first: killed before it is written again, no table vouches for new arrays
+        (directory / store.TABLE1).unlink(missing_ok=True)
         store.write_npz(
             directory / store.ADVERSARIAL,
             seeds=self.centres,  # the arrays' key of before the rename
@@ -468,6 +470,30 @@ def ensure_balls(name: str, run: RunResult, data: Dataset, prof: Profile, seed, 
     return Balls.load(directory)
 
 
+def other_finished_attacks(balls: Balls, prof: Profile, dataset: str, seed: int, directory,
+                           done, root=None) -> dict:  # fmt: skip
+    """The attacks finished in ``directory`` in ``balls`` of methods not in ``done`` (an earlier
+    call attacked more methods): per method ``(row, worst points, worst scores)``, each counted
+    only when its key is that of the method's run now in the store (:func:`attack_key`)."""
+    from ccu.store.records import ordered
+
+    found = {}
+    names = [p.name[len("attack.") : -len(".json")] for p in Path(directory).glob("attack.*.json")]
+    for name in ordered(n for n in names if n not in done):
+        meta, arrays = store.attack_files(directory, name)
+        method_dir = store.method_dir(prof, dataset, name, root, seed)
+        if not (method_dir / store.CONFIG).exists() or not arrays.exists():
+            continue
+        saved, config = store.read_json(meta), store.read_config(method_dir / store.CONFIG)
+        if saved.get(ATTACK_KEY) != attack_key(balls, config, prof, seed):
+            continue  # made on another run of it, or in other balls
+        got = store.read_npz(arrays)
+        test_scores = store.read_npz(method_dir / store.SCORES)["test"]
+        row = with_paper_auc(saved.get(ATTACK_ROW, {}), test_scores, got["worst_score"])
+        found[name] = (row, got["worst_x"], got["worst_score"])
+    return found
+
+
 def assemble(balls: Balls, rows: dict, worst_x: dict, worst_score: dict) -> AdversarialResult:
     """Table 1 from the balls and each method's attack (:func:`attack_in_balls`): the balls'
     summary, the ball method's certificate repeated in it (``ccu_bound_violations``, ...) and
@@ -491,6 +517,7 @@ def adversarial_noise(
     root=None,
     level: float = 1.1,
     attack_batch: int | None = None,
+    directory: Path | None = None,
 ) -> AdversarialResult:
     """Table 1: certify balls around uniform noise with CCU, attack every method inside them.
 
@@ -509,8 +536,10 @@ def adversarial_noise(
     attacked again. ``attack_batch``: iterates per score evaluation of the attack (``None``:
     sized to the device's free memory, :func:`ccu.core.attacks.attack_batch_size`; the paper's 200
     centres x 50 restarts run in a few chunks on a GPU). Saves ``table1.json`` and
-    ``adversarial.npz`` and returns what they hold. Chapter *Adversarial noise*
-    (``book/adversarial_noise.ipynb``).
+    ``adversarial.npz`` in ``directory`` (default the seed's ``adversarial`` folder) and returns
+    what they hold; the table keeps the rows of methods attacked there before in the same balls
+    by the runs now in the store (:func:`other_finished_attacks`): a call with fewer methods
+    loses none. Chapter *Adversarial noise* (``book/adversarial_noise.ipynb``).
     """
     certifying = [n for n, r in runs.items() if r.method.certifier() is not None]
     if not certifying:
@@ -520,7 +549,8 @@ def adversarial_noise(
         )
     ball_method = "CCU" if "CCU" in certifying else certifying[0]
     prof = profile if isinstance(profile, Profile) else get_profile(profile, data.name)
-    directory = store.adversarial_dir(prof, data.name, root, seed)
+    if directory is None:
+        directory = store.adversarial_dir(prof, data.name, root, seed)
     with store.locked(directory, "the adversarial-noise experiment"):
         balls = ensure_balls(ball_method, runs[ball_method], data, prof, seed, level, directory)
         n_balls = int(balls.ok.sum())
@@ -533,6 +563,9 @@ def adversarial_noise(
             )
             took = per_method[name].get(ATTACK_SECONDS, 0.0)
             log(f"attacked {name} on {data.name} in {n_balls} balls ({took:.1f} s)")
+        others = other_finished_attacks(balls, prof, data.name, seed, directory, runs, root)
+        for name, (row, wx, ws) in others.items():
+            per_method[name], worst_x[name], worst_score[name] = row, wx, ws
         result = assemble(balls, per_method, worst_x, worst_score)
         result.save(directory)
         summary = result.summary

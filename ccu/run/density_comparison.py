@@ -11,6 +11,7 @@ metrics, ``table1.json`` and ``comparison.csv`` with provenance to
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -33,6 +34,30 @@ def output_dir(dataset: str, prof: Profile, root=None, reference_copy: bool = Fa
     return base / "densities" / prof.name / dataset
 
 
+def _working_dir(dataset: str, families, prof: Profile, seed: int, root=None) -> Path:
+    """The comparison's balls and attacks: ``<seed folder>/density-comparison/<families>``, apart
+    from the seed's own ``adversarial`` folder (another ball method would certify other balls
+    there and replace its Table 1) and from comparisons of other families."""
+    import re
+
+    name = "+".join(families)
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,120}", name):
+        name = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return store.seed_dir(prof, dataset, seed, root) / "density-comparison" / name
+
+
+def _refuse_other_comparison(out: Path, families) -> None:
+    """:class:`ccu.store.results.ResultConflictError` when ``out`` holds the comparison of other
+    families: a finished comparison is never replaced by a different one."""
+    held = sorted(p.name[: -len(".config.json")] for p in out.glob("*.config.json"))
+    if held and held != sorted(families):
+        raise store.ResultConflictError(
+            f"{out} holds the comparison of {', '.join(held)}; it is kept. Give another "
+            "--results (or move the folder away) to compare "
+            f"{', '.join(families)}."
+        )
+
+
 def compare_densities(
     dataset: str, families, prof: Profile, seed: int = 0, device: str = "cpu", root=None,
     reference_copy: bool = False,
@@ -40,16 +65,22 @@ def compare_densities(
     """Train, certify and attack ``families`` (method names: ``CCU``, ``CCU-<family>``) on
     ``dataset`` and write the comparison (module docstring); returns its folder and table
     (:func:`ccu.report.tables.density_comparison`)."""
+    from ccu.run.reference import _refuse_other_run
+
     start = time.perf_counter()
+    out = output_dir(dataset, prof, root, reference_copy)
+    _refuse_other_comparison(out, families)  # before any work
     data = E.run_data(dataset, prof, seed)
     runs = {m: E.run_method(dataset, m, prof, seed, device, data=data, root=root) for m in families}
-    adv = adversarial_noise(runs, data, prof, seed, root=root)
-    out = output_dir(dataset, prof, root, reference_copy)
-    out.mkdir(parents=True, exist_ok=True)
     commit = reference.current_commit()
+    configs = {m: dict(r.config, **{COMMIT: commit, DEVICE: device}) for m, r in runs.items()}
+    for name, cfg in configs.items():
+        _refuse_other_run(out, name, cfg)  # the same families, other runs of them: kept
+    work = _working_dir(dataset, list(runs), prof, seed, root)
+    adv = adversarial_noise(runs, data, prof, seed, root=root, directory=work)
+    out.mkdir(parents=True, exist_ok=True)
     for name, run in runs.items():
-        reference.write_method(out, name, dict(run.config, **{COMMIT: commit, DEVICE: device}),
-                               run.metrics)  # fmt: skip
+        reference.write_method(out, name, configs[name], run.metrics)
     seconds = time.perf_counter() - start
     table1 = dict(adv.summary, **reference.provenance(commit, device, device_name(device), seconds))
     reference.write_table1(out, table1)

@@ -16,6 +16,7 @@ from ccu.store.records import (
     COMMIT,
     DEVICE,
     DEVICE_NAME,
+    METHODS,
     PART_BALLS_KEY,
     PART_PROVENANCE,
     PART_ROW,
@@ -46,17 +47,29 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     import numpy as np
 
     from ccu.run.adversarial_noise import AdversarialResult
+    from ccu.run.checks import MissingError
     from ccu.store.records import ordered
 
     adv = AdversarialResult.load(store.adversarial_dir(prof, dataset, root, seed))
     names = ordered(methods or adv.methods)
+    absent = [n for n in names if n not in adv.methods]
+    if absent:
+        raise MissingError(
+            f"Table 1 of {dataset} (seed {seed}) has no row of {', '.join(absent)}: attack "
+            f"{'it' if len(absent) == 1 else 'them'} first (`ccu attack --method ...`)."
+        )
     commit = current_commit()
     out = Path(out_dir) / prof.label / dataset
+    configs = {}
+    for name in names:  # every check before anything is written
+        d = store.method_dir(prof, dataset, name, root, seed)
+        configs[name] = store.read_config(d / store.CONFIG)
+        _refuse_other_run(out, name, dict(configs[name], **{COMMIT: commit}))
     out.mkdir(parents=True, exist_ok=True)
     devices, seconds, per_method = set(), 0.0, {}
     for name in names:
         d = store.method_dir(prof, dataset, name, root, seed)
-        config = store.read_config(d / store.CONFIG)
+        config = configs[name]
         stamp = store.read_json(d / store.TRAINED) if (d / store.TRAINED).exists() else {}
         device = stamp.get(DEVICE, "unknown")
         devices.add((device, stamp.get(DEVICE_NAME, "unknown")))
@@ -67,8 +80,9 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         if (d / store.GUARANTEES).exists():  # certifying methods: ccu.run.guarantees
             guarantees = store.read_json(d / store.GUARANTEES)
         write_method(out, name, cfg, store.read_json(d / store.METRICS), guarantees)
-    table1 = dict(adv.summary)
-    seconds += sum(r.get(ATTACK_SECONDS, 0.0) for r in adv.methods.values())
+    table1 = dict(adv.summary)  # the rows of the methods copied (the store's may hold more)
+    table1[METHODS] = {n: r for n, r in adv.methods.items() if n in names}
+    seconds += sum(r.get(ATTACK_SECONDS, 0.0) for r in table1[METHODS].values())
     device, device_name = sorted(devices)[0] if len(devices) == 1 else ("mixed", "mixed")
     table1.update(provenance(commit, device, device_name, seconds), **{SKIPPED_FOR_TIME: []})
     extra = dict(extra or {})
@@ -106,11 +120,10 @@ def _refuse_other_run(out: Path, name: str, config: dict, balls_key: str | None 
     another run (another configuration, or the same one trained again: other files), or, for
     the ball method (``balls_key`` given), other balls: a written part is never replaced by a
     different one."""
-    import json
 
     path = method_file(out, name, CONFIG)
     if path.exists():
-        saved = store.normalised_config(json.loads(path.read_text()))
+        saved = store.normalised_config(store.read_json(path))
         wanted = store.normalised_config(config)
         if store.config_key(saved) != store.config_key(wanted):
             what = "; ".join(store.config_differences(saved, config)) or "its config key"
@@ -127,10 +140,11 @@ def _refuse_other_run(out: Path, name: str, config: dict, balls_key: str | None 
     if balls_key is not None and balls.exists():
         from ccu.store.records import BALLS_KEY
 
-        if json.loads(balls.read_text()).get(BALLS_KEY) != balls_key:
+        if store.read_json(balls).get(BALLS_KEY) != balls_key:
             raise store.ResultConflictError(
-                f"{balls} holds other balls than those {name} certified; they are kept (the "
-                "parts there were attacked in them). Move the folder away to start anew."
+                f"{balls} holds other balls than those {name} was attacked in (or certified); "
+                "they are kept (the parts there were attacked in them). Move the folder away "
+                "to start anew, or attack it again in those balls."
             )
 
 
@@ -203,7 +217,7 @@ def write_part(
         provenance_["train_calls"] = int(os.environ["CCU_TRAIN_CALLS"])
     cfg = dict(config, **{COMMIT: provenance_[COMMIT], DEVICE: provenance_[DEVICE]})
     is_ball_method = method == balls.summary[BALLS_FROM]
-    _refuse_other_run(out, method, cfg, balls.key if is_ball_method else None)
+    _refuse_other_run(out, method, cfg, balls.key)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     guarantees = store.read_json(d / store.GUARANTEES) if (d / store.GUARANTEES).exists() else None
     if is_ball_method:  # the balls come with the part of their method

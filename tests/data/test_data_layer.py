@@ -277,3 +277,72 @@ def test_image_folder_ood_sets(tmp_path):
     digits = D.load_dataset("digits")
     x = D.load_ood("lsun_cr", digits, root=tmp_path)
     assert x.shape == (3, 1, 8, 8) and float(x.min()) >= 0 and float(x.max()) <= 1
+
+
+def test_no_noise_a_method_trains_on_is_an_ood_test_image_or_a_balls_centre():
+    """The Uniform OOD set draws with its seed plainly (1), the balls' centres with seed + 1000;
+    the training out-distributions' noise and ACET2's draw from streams of their own (before
+    0.6.0 the digits out-set held all 397 Uniform test images, ACET2's batch 1 the first 128)."""
+    from ccu.data.images import uniform_noise
+    from ccu.methods import trained
+
+    data = D.load_dataset("digits", seed=0)
+    uniform = D.load_ood("uniform", data, seed=1)
+
+    def shared(a, b):
+        rows = {tuple(r) for r in a.flatten(1).numpy().round(7).tolist()}
+        return sum(tuple(r) in rows for r in b.flatten(1).numpy().round(7).tolist())
+
+    assert shared(data.out_x, uniform) == 0
+    centres = uniform_noise(200, data.spec.shape, 1000)
+    acet2 = trained._ACETObjective(1.0, 0.3, 0, True, 0, (0.0, 1.0))
+    z = torch.zeros(128, *data.spec.shape)
+    for _ in range(3):
+        noise = acet2.prepare_out(z)
+        assert shared(noise, uniform) == shared(noise, centres) == 0
+    other = trained._ACETObjective(1.0, 0.3, 0, True, 1, (0.0, 1.0))  # another seed, other noise
+    assert not torch.equal(other.prepare_out(z), trained._ACETObjective(
+        1.0, 0.3, 0, True, 0, (0.0, 1.0)).prepare_out(z))  # fmt: skip
+
+
+def test_an_ood_set_is_a_seeded_draw_from_a_file_stored_class_by_class(monkeypatch):
+    """CIFAR-10's test files hold their images class by class: their first 2,000 were airplanes
+    and automobiles only (the GrCIFAR10 column of a 2,000-image test set)."""
+    from types import SimpleNamespace
+
+    from ccu.data import ood_test_sets
+
+    labels = torch.arange(10).repeat_interleave(100)  # 1,000 images, class by class
+    x = labels[:, None, None, None].float().expand(-1, 3, 32, 32) / 9
+    monkeypatch.setattr(
+        ood_test_sets, "_cifar10_test", lambda root: SimpleNamespace(x=x, source="s")
+    )
+    data = SimpleNamespace(
+        test_x=torch.zeros(200, 3, 32, 32), spec=SimpleNamespace(shape=(3, 32, 32))
+    )
+    got = D.load_ood("cifar10", data, seed=1)
+    classes = set((got[:, 0, 0, 0] * 9).round().long().tolist())
+    assert len(got) == 200 and len(classes) == 10
+    assert torch.equal(got, D.load_ood("cifar10", data, seed=1))  # the same draw again
+    assert not torch.equal(got, D.load_ood("cifar10", data, seed=2))
+    grey = D.load_ood("grcifar10", SimpleNamespace(
+        test_x=torch.zeros(200, 1, 28, 28), spec=SimpleNamespace(shape=(1, 28, 28))), seed=1)  # fmt: skip
+    assert len(set((grey[:, 0, 0, 0] * 9).round().long().tolist())) == 10
+
+
+def test_an_image_folder_without_images_or_with_a_broken_one_is_one_line(tmp_path):
+    from PIL import Image
+
+    from ccu.data import ood_test_sets
+
+    folder = tmp_path / "LSUN_CR"
+    folder.mkdir()
+    with pytest.raises(sources.DataNotFoundError, match="holds no images"):
+        ood_test_sets.image_folder("lsun_cr", (3, 32, 32), tmp_path)
+    (folder / "classroom").mkdir()
+    Image.new("RGB", (40, 40), (10, 20, 30)).save(folder / "classroom" / "a.jpg")
+    assert ood_test_sets.image_folder("lsun_cr", (3, 32, 32), tmp_path).shape == (1, 3, 32, 32)
+    whole = (folder / "classroom" / "a.jpg").read_bytes()
+    (folder / "classroom" / "b.jpg").write_bytes(whole[: len(whole) // 2])  # truncated
+    with pytest.raises(sources.CorruptDataError, match="cannot be read"):
+        ood_test_sets.image_folder("lsun_cr", (3, 32, 32), tmp_path)

@@ -359,9 +359,9 @@ def _acet(from_noise: bool) -> _ACETObjective:
 def test_acets_whole_step_with_its_inner_attack_is_graphed_to_the_eager_weights(
     graphs_on, monkeypatch, from_noise
 ):
-    """ACET's step, its inner PGD included, in one graph: its random starts (and ACET2's
-    noise) drawn before the step and taken as an input, so that a replay attacks from the
-    very starts the eager step draws; the inner attack's own graphs are then not used."""
+    """ACET's step, its inner PGD included, in one graph: ACET2's noise drawn before the step
+    and taken as an input, so that a replay attacks the very batch the eager step draws; the
+    inner attack's own graphs are then not used."""
     eager_model, eager_hist, _ = _train(ccu_model=False, objective=_acet(from_noise), graphs=False)
     monkeypatch.setattr(graphed_step, "cuda_capture", host_free(monkeypatch))
     monkeypatch.setattr(trained, "graphs_wanted", lambda device: True)  # as on CUDA
