@@ -91,7 +91,10 @@ RESULT_COMPATIBLE_VERSIONS = {
         "Table 1's AUC counted a tie as a failure (the paper: one half; said under each grid), "
         "MCD's worst scores were the best of many noisy draws, ODIN's test error came from its "
         "pre-processed input, the float64 forward pass expanded its distances, the GAUC with "
-        "ties one half compared float32 confidences (not shown)"
+        "ties one half compared float32 confidences (not shown); ACET's inner attack started at "
+        "a random point of its ball, GAN kept its learning rates, MCD and GAN trained VGG13 on "
+        "MNIST under paper, MCD's LeNet had two dropouts; OOD sets were the first images of "
+        "their files and training noise shared the Uniform set's seed"
     ),
     "0.4.0": (
         "certificates with float32 log normalisers and expanded distances (radii up to ~1e-7 "
