@@ -185,7 +185,12 @@ class FittedByEM:
         scikit-learn takes them, by :func:`em_fit`: on a CUDA ``device``, for the spherical and
         diagonal covariances, in torch there once :func:`em_engine`'s check against
         scikit-learn passed; otherwise (the default, the CPU) with scikit-learn on the CPU. Chapter
-        *Training Base and CCU* (``book/training.ipynb``)."""
+        *Training Base and CCU* (``book/training.ipynb``).
+
+        EM's own variances and weights are kept, as the paper says ("the EM algorithm with
+        spherical covariance matrices"); the authors' code (``gen_gmm.py``) fits with the
+        weights held equal and then gives every component the mean variance. The in-mixture is
+        fitted on the training images as they are; the paper fits it on augmented ones."""
         means, log_var, log_w = em_fit(
             x, metric, seed, n_components, cls.em_covariance, max_iter, reg_covar, verbose,
             device,

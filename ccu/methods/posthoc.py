@@ -27,8 +27,10 @@ def _calibration_sets(data, n: int, seed: int):
     return x_in, x_out
 
 
-def _preprocess(score_fn, x, eps):
-    """One signed-gradient step of size ``eps`` that raises ``score_fn`` (ODIN's pre-processing).
+def _preprocess(score_fn, x, eps, box=None):
+    """One signed-gradient step of size ``eps`` that raises ``score_fn`` (ODIN's pre-processing),
+    clamped to the images' ``box`` (``(low, high)``; None: unbounded data), as the CCU authors'
+    ODIN and Maha clamp to [0, 1].
 
     The step direction is treated as a constant, so the result is differentiable in ``x``."""
     if eps == 0:
@@ -36,7 +38,8 @@ def _preprocess(score_fn, x, eps):
     with torch.enable_grad():
         xr = x.detach().requires_grad_(True)
         (g,) = torch.autograd.grad(score_fn(xr).sum(), xr)
-    return x + eps * g.sign()
+    out = x + eps * g.sign()
+    return out if box is None else out.clamp(*box)
 
 
 class _PostHoc(BaseMethod):
@@ -95,7 +98,7 @@ class ODINMethod(_PostHoc):
         return torch.log_softmax(self._require_model()(x) / T, 1).max(1).values
 
     def _score(self, x, T, eps):
-        x_t = _preprocess(lambda t: self._log_conf(t, T), x, eps)
+        x_t = _preprocess(lambda t: self._log_conf(t, T), x, eps, self.spec.value_range)
         return self._log_conf(x_t, T)
 
     def calibrate(self, data):
@@ -134,8 +137,11 @@ class MahaMethod(_PostHoc):
 
     Class means and one shared covariance of the Base network's penultimate features on the
     training set; score ``-min_c (phi - mu_c)^T P (phi - mu_c)`` from matrix products (no
-    (N, C, D, D) tensors), with ODIN-like pre-processing whose magnitude is chosen on the
-    training out-distribution.
+    (N, C, D, D) tensors), with ODIN-like pre-processing (a signed step, as Lee et al.'s) whose
+    magnitude is chosen on the training out-distribution from :data:`MAHA_EPSILONS`. The CCU
+    authors' single-layer Maha (``utils/single_maha.py``) steps by the magnitude times the raw
+    gradient over the seven values up to 0.01; the paper notes Maha depends strongly on the
+    step size.
     """
 
     name = "Maha"
@@ -168,7 +174,7 @@ class MahaMethod(_PostHoc):
         return -self.distances(x).min(1).values
 
     def _score(self, x, eps):
-        return self._raw_score(_preprocess(self._raw_score, x, eps))
+        return self._raw_score(_preprocess(self._raw_score, x, eps, self.spec.value_range))
 
     def calibrate(self, data):
         self.eps = self._grid_search(

@@ -380,7 +380,10 @@ class _EDLObjective(Objective):
 
 @register_method
 class EDLMethod(BaseMethod):
-    """Evidential deep learning: Dirichlet outputs; confidence = max expected probability."""
+    """Evidential deep learning (Sensoy et al. 2018): Dirichlet outputs; confidence = max
+    expected probability. The loss is Sensoy et al.'s (:func:`edl_loss`: its eq. 5 and the
+    annealed KL term); the CCU authors' code has ELU evidence plus 1 and no KL term, which the
+    paper does not say (it cites Sensoy et al.)."""
 
     name = "EDL"
 

@@ -93,7 +93,8 @@ RESULT_COMPATIBLE_VERSIONS = {
         "pre-processed input, the float64 forward pass expanded its distances, the GAUC with "
         "ties one half compared float32 confidences (not shown); ACET's inner attack started at "
         "a random point of its ball, GAN kept its learning rates, MCD and GAN trained VGG13 on "
-        "MNIST under paper, MCD's LeNet had two dropouts; OOD sets were the first images of "
+        "MNIST under paper, MCD's LeNet had two dropouts, ODIN's and Maha's pre-processing left "
+        "[0, 1]; OOD sets were the first images of "
         "their files and training noise shared the Uniform set's seed"
     ),
     "0.4.0": (

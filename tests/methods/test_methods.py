@@ -351,3 +351,20 @@ def test_mcds_lenet_has_one_dropout_before_its_last_layer():
     net = ccu.core.nets.LeNet(10, dropout=0.5)
     drops = [i for i, m in enumerate(net.head) if isinstance(m, torch.nn.Dropout)]
     assert drops == [len(net.head) - 2] and isinstance(net.head[-1], torch.nn.Linear)
+
+
+def test_odin_and_mahas_preprocessing_stays_in_the_images_box():
+    """The CCU authors' ODIN and Maha clamp the pre-processed input to [0, 1]; a step past the
+    box scored points that are no images."""
+    data = load_dataset("digits").subset(200)
+    settings = ccu.train_settings("digits")
+    base = get_method("Base")(data.spec, settings, ccu.get_profile("smoke"))
+    base.build(data)
+    x = torch.rand(16, *data.spec.shape)
+    seen = []
+    odin = ODINMethod(data.spec, settings, ccu.get_profile("smoke"))
+    odin.build_from_base(base, data)
+    odin.temperature, odin.eps = 1.0, 0.5
+    odin._log_conf = lambda t, T: (seen.append(t.detach()), t.flatten(1).sum(1))[1]
+    odin.score(x)
+    assert seen[-1].min() >= 0 and seen[-1].max() <= 1 and not torch.equal(seen[-1], x)
