@@ -32,8 +32,13 @@ from ccu.store.records import (
     BALLS_FROM,
     CALLS,
     CONCURRENT_JOBS,
+    DEVICE,
+    DEVICE_NAME,
+    FILES,
     LOADED,
+    LOADED_ON,
     MEAN_MAX_CONFIDENCE,
+    SECONDS,
     SKIPPED_FOR_TIME,
     WALL_SECONDS_PER_METHOD,
     WALL_SECONDS_TOTAL,
@@ -66,7 +71,8 @@ def _run(spec: RunSpec, root=None, data=None, on_epoch_end=None):
 
 def train_one(spec: RunSpec, root=None, data=None, on_epoch_end=None) -> dict:
     """Train (or load) one method; writes ``trained.json`` (the workflow's marker) and returns
-    it. ``on_epoch_end(epochs done, epochs)``: called after each saved epoch
+    it. A run loaded keeps the device and seconds of the training that made it (``loaded_on``:
+    where it was loaded): the parts and reference copies read the device from it. ``on_epoch_end(epochs done, epochs)``: called after each saved epoch
     (:func:`ccu.methods.training.run_epochs`; ``ccu run --stop-after``: :attr:`TimeBox.on_epoch_end`)."""
     from ccu.store import results as store
 
@@ -80,7 +86,13 @@ def train_one(spec: RunSpec, root=None, data=None, on_epoch_end=None) -> dict:
         run.config.get("files", {}),
         Metrics.from_json(run.metrics).test_error,
     )
-    store.write_json(run.directory / store.TRAINED, stamp)
+    path = run.directory / store.TRAINED
+    if run.loaded and path.exists():  # loaded: the record of the training it loaded stays
+        before = store.read_json(path)
+        if before.get(FILES) == stamp[FILES]:
+            stamp.update({k: before[k] for k in (DEVICE, DEVICE_NAME, SECONDS) if k in before})
+            stamp[LOADED_ON] = spec.device
+    store.write_json(path, stamp)
     return stamp
 
 

@@ -185,6 +185,9 @@ SKIPPED_FOR_TIME = "skipped_for_time"
 CONCURRENT_JOBS = "concurrent_jobs"
 #: ``trained.json``: whether the run was loaded (not trained) and the seconds it took
 LOADED, SECONDS = "loaded", "seconds"
+#: ``trained.json`` of a run loaded: the device it was loaded on (its ``device`` stays the one
+#: it trained on)
+LOADED_ON = "loaded_on"
 #: ``trained.json``: the sha256 of the run's files (its config's ``files``)
 FILES = "files"
 

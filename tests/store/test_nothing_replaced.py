@@ -94,3 +94,24 @@ def test_a_save_killed_between_its_files_leaves_no_table_vouching_for_other_arra
     with pytest.raises(KeyboardInterrupt):
         new.save(tmp_path)
     assert not (tmp_path / store.TABLE1).exists()  # the old table no longer vouches
+
+
+def test_a_run_loaded_keeps_the_device_it_trained_on(tmp_path):
+    """``trained.json`` is where parts and reference copies read the device from: a load on
+    another machine replaced the training's (a GPU run copied on a CPU said "cpu")."""
+    res = tmp_path / "r"
+    train = ["train", "--dataset", "digits", "--method", "Base", *_common(res)]
+    assert cli.main(train) == cli.EXIT_OK
+    stamp_path = store.method_dir(PROF, "digits", "Base", res, 0) / "trained.json"
+    stamp = json.loads(stamp_path.read_text())
+    assert stamp["device"] == "cpu" and not stamp["loaded"]
+    stamp.update(device="cuda:0", device_name="NVIDIA H200", seconds=123.0)  # as a GPU wrote it
+    stamp_path.write_text(json.dumps(stamp))
+    assert cli.main(train) == cli.EXIT_OK  # loaded here, on the CPU
+    again = json.loads(stamp_path.read_text())
+    assert again["loaded"] and again["loaded_on"] == "cpu"
+    assert (again["device"], again["device_name"], again["seconds"]) == (
+        "cuda:0",
+        "NVIDIA H200",
+        123.0,
+    )
