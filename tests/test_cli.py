@@ -531,6 +531,7 @@ def test_more_bad_arguments_are_one_line_before_any_step(tmp_path, capsys):
         ([*TRAIN, "--threads", "-1"], "--threads must be a positive integer"),
         ([*TRAIN, "--threads", "0"], "--threads must be a positive integer"),
         ([*TRAIN, "--gpu-slots", str(tmp_path), "--jobs-per-gpu", "0"], "--jobs-per-gpu must"),
+        ([*TRAIN, "--gpu-slots", str(afile)], "--gpu-slots"),
         (["run", *base, "--budget-seconds", "-5"], "--budget-seconds must be a positive"),
         (["run", *base, "--budget-seconds", "0"], "--budget-seconds must be a positive"),
         (["run", *base, "--reference-out", str(afile)], "--reference-out"),

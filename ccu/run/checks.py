@@ -167,7 +167,9 @@ def check_arguments(args) -> None:
     if budget is not None and not budget > 0:
         raise UsageError(f"--budget-seconds must be a positive number of seconds, not {budget}.")
     # output folders: refused before a step runs, not after it (a run's --reference-out)
-    for attr, flag in (("out", "--out"), ("part_out", "--part-out"), ("reference_out", "--reference-out")):  # fmt: skip
+    outputs = (("out", "--out"), ("part_out", "--part-out"), ("reference_out", "--reference-out"),
+               ("gpu_slots", "--gpu-slots"))  # fmt: skip
+    for attr, flag in outputs:
         value = getattr(args, attr, None)
         if isinstance(value, (str, Path)) and value:
             check_results_dir(value, flag)
