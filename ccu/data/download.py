@@ -8,6 +8,7 @@ md5 before it takes its final name, so a broken download is never mistaken for d
 
 from __future__ import annotations
 
+import http.client
 import os
 import urllib.error
 import urllib.request
@@ -34,8 +35,20 @@ def download(url: str, dest: Path, md5sum: str, timeout: float = 60.0, progress=
     when the server cannot be reached (offline: says where to put the file by hand) and
     :class:`CorruptDataError` when the finished file has the wrong md5 (the partial file is
     deleted, so the next call starts afresh). ``progress(done, total)`` is called per chunk.
+    Processes downloading the same file take turns (a file lock beside it): the second finds
+    the first's file and checks it.
     """
+    from filelock import FileLock
+
     dest = Path(dest)
+    if not dest.is_file() and downloads_allowed():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(dest) + ".lock"):
+            return _download(url, dest, md5sum, timeout, progress)
+    return _download(url, dest, md5sum, timeout, progress)
+
+
+def _download(url: str, dest: Path, md5sum: str, timeout: float, progress) -> Path:
     if dest.is_file():
         got = md5(dest)
         if got == md5sum:
@@ -77,7 +90,11 @@ def download(url: str, dest: Path, md5sum: str, timeout: float = 60.0, progress=
                 f"downloading {url} failed (HTTP {exc.code}: {exc.reason}). Download it by hand "
                 f"and put it at {dest}."
             ) from exc
-    except (urllib.error.URLError, OSError) as exc:
+    except (
+        urllib.error.URLError,
+        OSError,
+        http.client.HTTPException,
+    ) as exc:  # e.g. a cut transfer
         raise DataNotFoundError(
             f"{dest.name} is not at {dest} and could not be downloaded from {url} ({exc}); "
             f"no internet? Download it on a machine with internet and copy it to {dest}. "

@@ -390,3 +390,50 @@ def test_ood_table_labels_stand_ins_and_missing_columns():
     assert np.isnan(t.loc["SVHN (not available)", ("CCU", "ours")])
     assert t.loc["SVHN (not available)", ("CCU", "paper")] > 90  # the paper's value is shown
     assert t.loc["Imagenet- (Tiny ImageNet test)", ("CCU", "ours")] == 90.0
+
+
+def test_a_download_waits_for_another_of_the_same_file_and_a_cut_transfer_is_one_line(tmp_path):
+    """Two processes downloading one file: the second found the first's ``.partial`` renamed
+    under it (a traceback); now it waits for the first (a file lock) and checks its file. A
+    transfer cut before its Content-Length escaped as ``IncompleteRead``."""
+    import threading
+
+    from filelock import FileLock
+
+    _, payload = _npy_bytes()
+    md5 = hashlib.md5(payload).hexdigest()
+    server = _Server(payload)
+    try:
+        dest = tmp_path / "a" / out_distributions.RANDOM_300K_FILE
+        dest.parent.mkdir()
+        got = []
+        with FileLock(str(dest) + ".lock"):  # another process is downloading it
+            other = threading.Thread(
+                target=lambda: got.append(download.download(server.url, dest, md5))
+            )
+            other.start()
+            dest.write_bytes(payload)  # ... and finishes
+        other.join()
+        assert got == [dest] and server.requests == []  # it took the other's file
+    finally:
+        server.close()
+
+    class Cut(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload[:100])  # and the connection closes
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Cut)
+    threading.Thread(target=httpd.handle_request, daemon=True).start()
+    dest = tmp_path / "b" / out_distributions.RANDOM_300K_FILE
+    try:
+        with pytest.raises(D.DataNotFoundError, match="resumes from it"):
+            download.download(f"http://127.0.0.1:{httpd.server_port}/x.npy", dest, md5)
+    finally:
+        httpd.server_close()
+    assert dest.with_name(dest.name + ".partial").read_bytes() == payload[:100]
