@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ccu.data import OOD_SETS, REGISTRY
+from ccu.data.cifar10 import from_jpeg_copy
 from ccu.store.records import (
     AUC,
     AUC_TIES,
@@ -94,7 +95,10 @@ def ood_table(metrics: dict[str, dict], dataset: str, metric: str = AUROC) -> pd
                 continue
             value = paper_ood_value(dataset, method, ood, metric)
             # the column says when a set stands in for the paper's or was not available
-            label = record.source(ood).get("label", PAPER_OOD.get(ood, ood))
+            source = record.source(ood)
+            label = source.get("label", PAPER_OOD.get(ood, ood))
+            if from_jpeg_copy(source.get("source", "")) and "JPEG" not in label:
+                label = f"{label} (JPEG copy)"  # near, not equal, to the original's
             if skipped:
                 label = f"{label} (not available)"
             rows.append(
