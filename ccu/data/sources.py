@@ -307,9 +307,9 @@ def torchvision_dataset(name: str, split: str, root=None, download: bool = True)
     holds them (:func:`stage_idx_mirror`); a mirror holding only this split's two files serves
     it directly (:func:`idx_split_from_mirror`). Otherwise torchvision downloads into the data
     root when allowed (never inside :func:`mirror_sandbox`). A failed download or a missing file raises :class:`DataNotFoundError` saying
-    which files are expected where; torchvision writes downloads to a temporary name and checks
-    their md5, so a broken download is not kept as valid data. Files that torchvision cannot
-    parse raise :class:`CorruptDataError`.
+    which files are expected where. torchvision writes a download to its final name and then
+    checks its md5: a download that fails the check raises :class:`CorruptDataError` (exit 4)
+    naming the files to delete, and so do files that torchvision cannot parse.
     """
     import torchvision
 
@@ -342,6 +342,12 @@ def torchvision_dataset(name: str, split: str, root=None, download: bool = True)
         try:
             ds, had_files = cls(str(root), download=True, **kwargs), False
         except (RuntimeError, OSError, ValueError) as exc2:
+            if isinstance(exc2, RuntimeError) and "corrupted" in str(exc2):  # its md5 check
+                raise CorruptDataError(
+                    f"{cls_name}: the download into {root} failed torchvision's md5 check "
+                    f"({exc2}); delete {root}/{expected} and load again, or put the official "
+                    "files there by hand."
+                ) from exc2
             how = "it could not be downloaded (no internet?)"
             raise _not_found(name, cls_name, split, root, expected, how, exc2) from exc2
     finally:
