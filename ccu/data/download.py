@@ -48,15 +48,21 @@ def download(url: str, dest: Path, md5sum: str, timeout: float = 60.0, progress=
     return _download(url, dest, md5sum, timeout, progress)
 
 
-def _download(url: str, dest: Path, md5sum: str, timeout: float, progress) -> Path:
-    if dest.is_file():
-        got = md5(dest)
-        if got == md5sum:
-            return dest
+def verify(dest: Path, md5sum: str) -> Path:
+    """``dest`` when its md5 is ``md5sum``; :class:`CorruptDataError` (truncated or altered)
+    otherwise."""
+    got = md5(dest)
+    if got != md5sum:
         raise CorruptDataError(
             f"{dest} has md5 {got}, expected {md5sum}: truncated or altered. Delete it and load "
             "again to download it afresh."
         )
+    return dest
+
+
+def _download(url: str, dest: Path, md5sum: str, timeout: float, progress) -> Path:
+    if dest.is_file():
+        return verify(dest, md5sum)
     if not downloads_allowed():
         raise DataNotFoundError(
             f"{dest.name} is not at {dest}, and downloads are off here (mirror_sandbox)."

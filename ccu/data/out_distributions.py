@@ -240,8 +240,14 @@ def random_300k(n: int, seed: int, path=None, root=None, exclude=None, download:
     """``n`` seeded random images from Outlier Exposure's 300K file, uint8 (n, 32, 32, 3).
 
     Without ``path`` the file is taken from the data root, downloaded first if it is missing
-    and ``download`` is set (:func:`fetch_300k`)."""
-    if path is None and download and not (data_root(root) / RANDOM_300K_FILE).is_file():
+    and ``download`` is set (:func:`fetch_300k`), and checked against its md5 when it was there
+    already (an altered file of the right shape was taken before)."""
+    from ccu.data.download import verify
+
+    in_root = data_root(root) / RANDOM_300K_FILE
+    if path is None and in_root.is_file():
+        verify(in_root, RANDOM_300K_MD5)
+    elif path is None and download:
         fetch_300k(root)
     p = _locate(RANDOM_300K_FILE, path, root, "'300K random images' file")
     try:

@@ -186,19 +186,30 @@ def test_tiny_images_reader_roundtrip(tmp_path):
         out_distributions.tiny_images(5, 0, root=tmp_path, strict_size=False)
 
 
-def test_300k_reader_and_out_choice(tmp_path):
+def test_300k_reader_and_out_choice(tmp_path, monkeypatch):
+    import hashlib
+
     from ccu.data import out_distributions
 
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, size=(40, 32, 32, 3), dtype=np.uint8)
-    np.save(tmp_path / out_distributions.RANDOM_300K_FILE, images)
+    path = tmp_path / out_distributions.RANDOM_300K_FILE
+    np.save(path, images)
+    monkeypatch.setattr(
+        out_distributions, "RANDOM_300K_MD5", hashlib.md5(path.read_bytes()).hexdigest()
+    )
     got = out_distributions.random_300k(8, 3, root=tmp_path)
     assert got.shape == (8, 32, 32, 3)
     grey = out_distributions.as_images(got, (1, 28, 28))
     assert grey.shape == (8, 1, 28, 28) and float(grey.max()) <= 1.0
-    np.save(tmp_path / out_distributions.RANDOM_300K_FILE, images[..., 0])
-    with pytest.raises(D.CorruptDataError, match="expected uint8"):
+    altered = images.copy()
+    altered[0, 0, 0, 0] ^= 1  # the right shape, one pixel off: taken before (no md5 check)
+    np.save(path, altered)
+    with pytest.raises(D.CorruptDataError, match="truncated or altered"):
         out_distributions.random_300k(8, 3, root=tmp_path)
+    np.save(path, images[..., 0])  # a file given by its path is not the checked one: its shape is
+    with pytest.raises(D.CorruptDataError, match="expected uint8"):
+        out_distributions.random_300k(8, 3, path=path)
     with pytest.raises(D.DataNotFoundError, match="tiny_images.bin"):
         out_distributions.tiny_images(8, 0, root=tmp_path / "nothing")
     moons = D.load_dataset("moons", out="uniform", n_out=100)
@@ -210,11 +221,17 @@ def test_300k_reader_and_out_choice(tmp_path):
 
 
 @needs_mirror
-def test_300k_as_out_distribution_for_mnist_offline(tmp_path):
+def test_300k_as_out_distribution_for_mnist_offline(tmp_path, monkeypatch):
+    import hashlib
+
     from ccu.data import out_distributions
 
     images = np.random.default_rng(2).integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
-    np.save(tmp_path / out_distributions.RANDOM_300K_FILE, images)
+    path = tmp_path / out_distributions.RANDOM_300K_FILE
+    np.save(path, images)
+    monkeypatch.setattr(
+        out_distributions, "RANDOM_300K_MD5", hashlib.md5(path.read_bytes()).hexdigest()
+    )
     d = D.load_dataset("mnist-offline", out="300k", n_out=32, root=tmp_path)
     assert d.out_x.shape == (32, 1, 28, 28) and d.info["out"] == "300k"
 
