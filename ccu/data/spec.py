@@ -84,6 +84,11 @@ class Dataset:
             h.update(t.detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
 
+    def out_checksum(self) -> str:
+        """sha256 of the training out-distribution's images: two copies of one set (CIFAR-10's
+        original files and its JPEG copy) have one description and other images."""
+        return hashlib.sha256(self.out_x.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
     def subset(self, n_train: int | None, n_test: int | None = None) -> Dataset:
         """The first ``n_train`` training points (stratification is kept by the loaders'
         shuffling) and, with ``n_test``, ``n_test`` test points drawn without replacement

@@ -107,6 +107,9 @@ CONFIG_DEFAULTS = {"precision": "float32"}
 #: a plug-in's run (a method or density family defined outside ``ccu``): its code's identity
 #: (:func:`ccu.store.plugins.code_identity`), part of the run's key; absent from built-in runs
 PLUGIN_CODE = "plugin_code"
+#: the sha256 of the training out-distribution's images (:meth:`ccu.data.Dataset.out_checksum`):
+#: part of the key, as its description does not tell two copies of one set apart
+OUT_CHECKSUM = "out_checksum"
 #: the field of config.json that holds the sha256 of the rest of it
 CONFIG_CHECKSUM = "config_sha256"
 
@@ -341,6 +344,8 @@ def _key_fields(config: dict) -> dict:
     fields["profile"] = training_profile(fields["profile"])
     if config.get(PLUGIN_CODE) is not None:  # only plug-ins' runs: built-in keys unchanged
         fields[PLUGIN_CODE] = config[PLUGIN_CODE]
+    if config.get(OUT_CHECKSUM) is not None:  # the out-set's images (0.6.0): older keys unchanged
+        fields[OUT_CHECKSUM] = config[OUT_CHECKSUM]
     return fields
 
 

@@ -115,3 +115,21 @@ def test_a_run_loaded_keeps_the_device_it_trained_on(tmp_path):
         "NVIDIA H200",
         123.0,
     )
+
+
+def test_runs_against_other_out_distribution_images_have_other_keys():
+    """CIFAR-10's original files and its JPEG copy give MNIST one out-distribution description
+    and other images: a run trained against one was loaded for the other."""
+    from dataclasses import replace
+
+    from ccu.data import load_dataset
+    from ccu.store.records import RunSpec
+
+    data = load_dataset("digits").subset(200)
+    other = replace(data, out_x=(data.out_x * 0.5).contiguous())
+    assert other.out_description == data.out_description
+    spec = RunSpec("digits", "Base", get_profile("smoke"))
+    a, b = spec.config(data), spec.config(other)
+    assert store.config_key(a) != store.config_key(b)
+    old = {k: v for k, v in a.items() if k != "out_checksum"}  # a config written before 0.6.0
+    assert "out_checksum" not in store._key_fields(old)  # keeps the key it had
