@@ -211,6 +211,23 @@ def test_a_corrupt_result_says_what_a_command_line_user_can_do(tmp_path, capsys)
     assert f"Delete {run} and run the same step again" in err and "retrain=True" not in err
 
 
+def test_a_corrupt_marker_or_attack_is_deleted_alone_not_with_its_run(tmp_path):
+    """The advice was to delete the whole folder, a finished model and its balls with it."""
+    run = store.method_dir("smoke", "digits", "Base", tmp_path, 0)
+    run.mkdir(parents=True)
+    (run / "trained.json").write_text('{"dataset": "dig')
+    with pytest.raises(store.CorruptResultError) as exc:
+        store.read_json(run / "trained.json")
+    assert f"Delete trained.json in {run} (the run and its other results stay)" in str(exc.value)
+    adv = store.adversarial_dir("smoke", "digits", tmp_path, 0)
+    adv.mkdir(parents=True)
+    (adv / "attack.Base.json").write_text("{")
+    with pytest.raises(
+        store.CorruptResultError, match="Delete attack.Base.json and attack.Base.npz"
+    ):
+        store.read_json(adv / "attack.Base.json")
+
+
 def test_steps_without_their_inputs_say_what_to_run(tmp_path, capsys):
     base = ["--dataset", "digits", "--results", str(tmp_path)]
     assert cli.main(["evaluate", *base, "--method", "CCU"]) == cli.EXIT_MISSING

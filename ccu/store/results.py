@@ -219,9 +219,23 @@ def tables_dir(profile, dataset: str, root=None) -> Path:
     return root_dir(root) / folder_name(profile) / dataset / TABLES_FOLDER
 
 
+#: files a step makes from others beside them (a marker, an attack, a table): deleting one
+#: alone loses nothing else; ``attack.<method>.json`` goes with its ``.npz``
+REMADE_ALONE = (TRAINED, EVALUATION, GUARANTEES, RUN_TIMES, TABLE1, ADVERSARIAL)
+
+
 def _corrupt(path: Path, exc: Exception | str) -> CorruptResultError:
+    path = Path(path)
+    if path.name in REMADE_ALONE or path.name.startswith("attack."):
+        what = path.name
+        if path.name.startswith("attack."):  # the pair: its record and its arrays
+            stem = path.name.rsplit(".", 1)[0]
+            what = f"{stem}.json and {stem}.npz"
+        where = f"{what} in {path.parent} (the run and its other results stay)"
+    else:
+        where = str(path.parent)
     return CorruptResultError(
-        f"result file {path} is corrupt or incomplete ({exc}). Delete {path.parent} and run the "
+        f"result file {path} is corrupt or incomplete ({exc}). Delete {where} and run the "
         "same step again to recompute it; nothing was overwritten."
     )
 
