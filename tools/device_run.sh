@@ -16,7 +16,8 @@
 # .devdata/<dataset>/part-<k>. What comes back: $OUT/<stage>.log and $OUT/<stage>.tgz (the
 # reference results, reference-results/<profile>/<dataset>/); here, `tar xzf` it and commit.
 # Environment: METHODS (space-separated), DEVICE (auto), THREADS (16), OUT (/tmp/ccu-out),
-# CCU_RESULTS, CCU_DEVDATA, CCU_OFFLINE_DATA (when set: used as is, nothing gathered).
+# REF ($OUT/ref: where the copy is written before it is packed), CCU_RESULTS, CCU_DEVDATA,
+# CCU_OFFLINE_DATA (when set: used as is, nothing gathered).
 # Exit codes: 0 done; 3 data missing (carry the parts named); 2 bad usage; other: the run failed.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg CCU_PROGRESS=0
@@ -52,9 +53,14 @@ fi
 extra=()
 [ "$stage" = cifar ] && extra=(--budget-seconds "$budget")
 # shellcheck disable=SC2086  # methods: one word per method
+# the copy goes to a folder of its own: the working tree's reference-results hold the committed
+# run, which a copy of another run is never written over (ccu refuses it)
+REF=${REF:-$OUT/ref}
+rm -rf "$REF/reference-results/$profile/$ds"
 python3 -m ccu run --dataset "$ds" --profile "$profile" --method $methods --seed 0 \
-  --device "${DEVICE:-auto}" --threads "$THREADS" --reference-out "$PWD/reference-results" \
+  --device "${DEVICE:-auto}" --threads "$THREADS" --reference-out "$REF/reference-results" \
   "${extra[@]}" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
-tar czf "$OUT/$stage.tgz" "reference-results/$profile/$ds" "$log" 2>/dev/null
+tar czf "$OUT/$stage.tgz" -C "$REF" "reference-results/$profile/$ds" -C "$OUT" "$stage.log" \
+  2>/dev/null
 exit "$rc"
