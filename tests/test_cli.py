@@ -301,6 +301,11 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     assert "is the part of another" in _one_error_line(capsys)
     assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
     assert cli.main([*copy, "--seed", "0", *common]) == cli.EXIT_OK  # the same run again: fine
+    # a run whose copy would be refused at its end is refused before any work
+    capsys.readouterr()
+    again = ["run", "--dataset", "digits", "--method", "Base", "--seed", "1", *common]
+    assert cli.main([*again, "--reference-out", str(ref)]) == cli.EXIT_USAGE
+    assert "holds the copy of another run (seed 0" in _one_error_line(capsys)
     names = {p.name for p in out_dir.iterdir()}
     assert names == {
         "Base.config.json", "Base.metrics.json", "CCU.config.json", "CCU.metrics.json",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from ccu.run.checks import MissingError, UsageError
 from ccu.run.deadline import TimeBox
@@ -383,6 +384,34 @@ def check_time_flags(stop_after, budget_seconds) -> None:
         raise UsageError(f"--stop-after must be a positive number of seconds, not {stop_after}.")
 
 
+def check_reference_target(folder: Path, seeds) -> None:
+    """A :class:`UsageError` before any work when ``folder`` holds a reference copy that a run
+    of ``seeds`` with this library version could not be copied over (another seed or version:
+    :func:`ccu.run.reference.write_reference` refuses it at the end, after the whole run)."""
+    import json
+
+    from ccu._version import __version__
+
+    for path in sorted(Path(folder).glob("*.config.json")):
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # the copy's own check says what is wrong with it
+        other = [
+            f"{what} {config.get(key)}"
+            for what, key, ours in (
+                ("seed", "seed", list(seeds)),
+                ("ccu", "ccu_version", __version__),
+            )
+            if (config.get(key) not in ours if key == "seed" else config.get(key) != ours)
+        ]
+        if other:
+            raise UsageError(
+                f"--reference-out: {folder} holds the copy of another run ({', '.join(other)}, in "
+                f"{path.name}); it is kept. Move it away first, or give another folder."
+            )
+
+
 def run_all(
     specs: list[RunSpec], seeds, methods, root=None, stop_after=None, budget_seconds=None,
     reference_out=None, progress=True,
@@ -399,6 +428,9 @@ def run_all(
     from ccu.run import deadline as time_box
 
     check_time_flags(stop_after, budget_seconds)
+    if reference_out:
+        for spec in specs:
+            check_reference_target(Path(reference_out) / spec.profile.label / spec.dataset, seeds)
     methods = methods or list(METHOD_ORDER)
     order = ["CCU", *[m for m in methods if m != "CCU"]]
     box = TimeBox(time_box.Deadline(stop_after) if stop_after is not None else None)
