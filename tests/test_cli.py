@@ -301,6 +301,12 @@ def test_a_smoke_run_trains_evaluates_attacks_tabulates_and_copies(tmp_path, cap
     assert "is the part of another" in _one_error_line(capsys)
     assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
     assert cli.main([*copy, "--seed", "0", *common]) == cli.EXIT_OK  # the same run again: fine
+    # a copy of another seed's CCU beside seed 0's Base: its table and radii would replace them
+    solo = ["reference", "--dataset", "digits", "--out", str(tmp_path / "solo"), *common]
+    assert cli.main([*solo, "--method", "Base", "--seed", "0"]) == cli.EXIT_OK
+    capsys.readouterr()
+    assert cli.main([*solo, "--method", "CCU", "--seed", "1"]) == cli.EXIT_USAGE
+    assert "holds the copy of another run (Base: seed 0" in _one_error_line(capsys)
     # a run whose copy would be refused at its end is refused before any work
     capsys.readouterr()
     again = ["run", "--dataset", "digits", "--method", "Base", "--seed", "1", *common]

@@ -63,7 +63,7 @@ ALL = ["Base", "MCD", "EDL", "DE", "GAN", "ODIN", "Maha", "ACET", "ACET2", "OE",
 #: of its own; 4 processes did not slow each other) plus its resume and scoring; the attacks of
 #: DE, MCD and GAN from the `cpu` run's attack seconds on the H200 x 50 (5 x 100 -> 50 x 500).
 #: CCU's entry includes its build (:data:`CCU_BUILD_S`), which a carried fit takes out. MCD and GAN
-#: train LeNet on MNIST since 0.6.0 (the VGG13 measures: VGG13_COST_S): estimated until call 0.
+#: train LeNet on MNIST since 0.7.0 (the VGG13 measures: VGG13_COST_S): estimated until call 0.
 COST_S = {
     "Base": (170, 65),
     "ODIN": (14, 50),  # on Base, which its lane trains first (cost of Base added)
@@ -72,7 +72,7 @@ COST_S = {
     "OE": (205, 65),
     "CCU": (465, 75),
     "DE": (250, 100),  # its five members at once, each in a process of its own
-    "MCD": (200, 290),  # on LeNet since 0.6.0 (VGG13_COST_S before): Base's training; its attack
+    "MCD": (200, 290),  # on LeNet since 0.7.0 (VGG13_COST_S before): Base's training; its attack
     "GAN": (450, 80),  # seven LeNet passes a step (~5x Base's); GAN's step ~3 LeNet passes: guesses
     "ACET": (3400, 65),
     "ACET2": (3470, 65),
@@ -213,6 +213,16 @@ NETWORK_BENCH = REPO / "benchmarks" / "timings" / "bench_gpu_h200.json"
 ON_THE_NETWORK = ("Base", "ODIN", "Maha", "EDL", "OE", "DE", "ACET", "ACET2")
 
 
+def on_vgg13(method: str, dataset: str) -> bool:
+    """Whether the paper's ``method`` trains a VGG13 on ``dataset``: MCD and GAN where the
+    others train a ResNet18 (:data:`ccu.methods.base.PAPER_NETWORK_REPLACES`), not on LeNet."""
+    from ccu.data.registry import get_spec
+    from ccu.methods.base import PAPER_NETWORK_REPLACES
+
+    replaced = get_spec(dataset).settings.classifier in PAPER_NETWORK_REPLACES
+    return method in VGG13_COST_S and replaced
+
+
 def network_factor(dataset: str, method: str, per: str = "epoch") -> float | None:
     """How much longer ``method``'s epoch (``per="epoch"``) or one image's step (``per=
     "image"``: an attack's) on ``dataset`` is than on MNIST, from the committed
@@ -225,7 +235,7 @@ def network_factor(dataset: str, method: str, per: str = "epoch") -> float | Non
     spec, mnist = get_spec(dataset), get_spec("mnist")
     # the training set's size: the specs fit their metric's covariance on all of it
     steps = spec.settings.n_covariance / mnist.settings.n_covariance if per == "epoch" else 1.0
-    if method in ("MCD", "GAN"):
+    if on_vgg13(method, dataset):
         return steps * math.prod(spec.shape) / math.prod(mnist.shape)
     if not NETWORK_BENCH.exists():
         return None
@@ -248,7 +258,7 @@ def estimated_seconds(method: str, dataset: str) -> tuple[int, int] | None:
     epoch, image = network_factor(dataset, method), network_factor(dataset, method, "image")
     if epoch is None or image is None or method not in COST_S:
         return None
-    train, attack = VGG13_COST_S.get(method) or COST_S[method]  # MCD, GAN: VGG13 off MNIST
+    train, attack = VGG13_COST_S[method] if on_vgg13(method, dataset) else COST_S[method]
     if method == "CCU":  # its build is on the inputs, not the network: planned apart
         train = ccu_build_s(dataset) + (train - CCU_BUILD_S) * epoch
     elif method == "DE":

@@ -61,7 +61,7 @@ class LeNet(nn.Module):
             nn.Flatten(),
         )
         self.head = nn.Sequential(
-            nn.Identity(),  # where a dropout was before 0.6.0: the layers keep their indices
+            nn.Identity(),  # where a dropout was before 0.7.0: the layers keep their indices
             nn.Linear(64 * side * side, 1024),
             nn.ReLU(),
             nn.Dropout(dropout),

@@ -102,7 +102,7 @@ def _read(copy: str, split: str, root, download: bool, order) -> Cifar10Split:
 
 def from_jpeg_copy(source: str) -> bool:
     """Whether images whose recorded ``source`` is ``source`` came from the JPEG copy of
-    CIFAR-10 (its tar, or the npz decoded from it; records written before 0.6.0 too): results
+    CIFAR-10 (its tar, or the npz decoded from it; records written before 0.7.0 too): results
     on it are near, not equal, to the original's, and tables say so.
 
     >>> from_jpeg_copy("offline mirror cifar10/test.npz (decoded from the JPEG copy)")

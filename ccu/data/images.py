@@ -34,7 +34,7 @@ def stream_seed(stream: str, seed: int) -> int:
     """A generator seed for ``seed`` in the named ``stream`` (a 63-bit hash of both): noise of
     one stream never repeats another's, as two draws of torch's generator with the same seed
     would (the Uniform OOD test set at seed 1 was the training out-distribution's noise at
-    seed 0 + 1 before 0.6.0).
+    seed 0 + 1 before 0.7.0).
 
     >>> stream_seed("a", 1) != stream_seed("b", 1) and stream_seed("a", 1) == stream_seed("a", 1)
     True

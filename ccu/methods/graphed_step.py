@@ -32,7 +32,7 @@ storage. For each key:
 
 The graph is a statement about speed only, never about results. Only a float32 training on CUDA
 without ``compile`` uses it, and only with an objective that declares ``graphable`` (ACET's
-too: its 40-step inner attack inside the step's graph, from starts drawn before the step,
+too: its 40-step inner attack inside the step's graph, ACET2's noise drawn before the step,
 ``Objective.prepare_out``) or GAN's step (its three networks: :class:`ccu.methods.gan.GANStep`);
 ``CCU_CUDA_GRAPHS=0`` turns it off. The CPU path is the eager step. Before a capture every
 parameter's gradient is dropped: a step that added to a gradient an eager step left would

@@ -131,7 +131,9 @@ class _ACETObjective(_OutlierExposure):
 
     graphable = True
     uses_epoch = True  # the out-term's weight: 0.001 in the warm-up epochs, then ``weight``
-    #: the epochs (from 0) at the start whose out-term weight is :data:`WARMUP_WEIGHT`
+    #: the epochs (from 0) at the start whose out-term weight is :data:`WARMUP_WEIGHT` (the
+    #: authors' three, whatever the profile's epochs: a run of 3 epochs or fewer, e.g. a smoke
+    #: profile's, never leaves the warm-up and trains nearly as Base does)
     WARMUP_EPOCHS = 3
     WARMUP_WEIGHT = 0.001
 

@@ -311,7 +311,7 @@ def attack_in_balls(
         own = balls.radii if _is_ball_run(name, run, balls) else None
         row[CERTIFICATE] = _own_certificate(
             certifier, worst_x, balls.centres, balls.radii, ok, balls.level,
-            float64_confidence(certifier, test_x).numpy(), own,
+            float64_confidence(certifier, test_x).cpu().numpy(), own,
         )  # fmt: skip
     store.write_npz(arrays, worst_x=worst_x, worst_score=worst)
     store.write_json(meta, {ATTACK_KEY: key, ATTACK_ROW: row})  # last: marks the attack as finished
@@ -451,7 +451,7 @@ def ensure_balls(name: str, run: RunResult, data: Dataset, prof: Profile, seed, 
     if Balls.exists(directory):
         saved = Balls.load(directory)
         same = (saved.summary.get(BALLS_FROM), saved.summary.get(N_CENTRES), saved.level)
-        current = saved.summary.get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64  # 0.6.0's AUC
+        current = saved.summary.get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64  # 0.7.0's AUC
         if (
             saved.ball_run_files == run.config.get("files")
             and current
@@ -484,11 +484,18 @@ def other_finished_attacks(balls: Balls, prof: Profile, dataset: str, seed: int,
         method_dir = store.method_dir(prof, dataset, name, root, seed)
         if not (method_dir / store.CONFIG).exists() or not arrays.exists():
             continue
-        saved, config = store.read_json(meta), store.read_config(method_dir / store.CONFIG)
-        if saved.get(ATTACK_KEY) != attack_key(balls, config, prof, seed):
-            continue  # made on another run of it, or in other balls
-        got = store.read_npz(arrays)
-        test_scores = store.read_npz(method_dir / store.SCORES)["test"]
+        try:
+            saved, config = store.read_json(meta), store.read_config(method_dir / store.CONFIG)
+            if saved.get(ATTACK_KEY) != attack_key(balls, config, prof, seed):
+                continue  # made on another run of it, or in other balls
+            own = saved.get(ATTACK_ROW, {}).get(CERTIFICATE)
+            if own is not None and own.get(CONFIDENCE_IN) != CONFIDENCE_IN_FLOAT64:
+                continue  # a certifier's from before its certified AUC was float64's: redo it
+            got = store.read_npz(arrays)
+            test_scores = store.read_npz(method_dir / store.SCORES)["test"]
+        except CorruptResultError as exc:  # this call's table goes on without that row
+            log(f"{name}'s earlier attack is not in Table 1: {exc}")
+            continue
         row = with_paper_auc(saved.get(ATTACK_ROW, {}), test_scores, got["worst_score"])
         found[name] = (row, got["worst_x"], got["worst_score"])
     return found

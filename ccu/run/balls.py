@@ -189,8 +189,10 @@ def certify_balls(
         N_UNCERTIFIED: int((~ok).sum()),
         LEVEL: level,
         IMAGES_INSIDE_BALLS: int(inside.sum()),
-        CERTIFIED_AUC: ev.strict_auc(float64_confidence(model, data.test_x).numpy(), guaranteed),
-        CONFIDENCE_IN: CONFIDENCE_IN_FLOAT64,  # what the certified AUC compared (0.6.0 on)
+        CERTIFIED_AUC: ev.strict_auc(
+            float64_confidence(model, data.test_x).cpu().numpy(), guaranteed
+        ),
+        CONFIDENCE_IN: CONFIDENCE_IN_FLOAT64,  # what the certified AUC compared (0.7.0 on)
         MEDIAN_RADIUS: median(radii[ok]) if bool(ok.any()) else float("nan"),
     }
     key = digest(centres.numpy(), radii.numpy(), level, ball_run_files)

@@ -65,6 +65,7 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
         d = store.method_dir(prof, dataset, name, root, seed)
         configs[name] = store.read_config(d / store.CONFIG)
         _refuse_other_run(out, name, dict(configs[name], **{COMMIT: commit}))
+    _refuse_other_copy(out, seed, configs, _radii_csv(adv.radii))
     out.mkdir(parents=True, exist_ok=True)
     devices, seconds, per_method = set(), 0.0, {}
     for name in names:
@@ -92,10 +93,7 @@ def write_reference(dataset, prof, seed, out_dir, root=None, methods=None, extra
     per_method.update({k: known[k] for k in names if known.get(k) is not None})
     table1.update(extra, **{WALL_SECONDS_PER_METHOD: per_method})
     write_table1(out, table1)
-    # NaN marks an uncertified centre (no certified ball)
-    buf = io.BytesIO()
-    np.savetxt(buf, adv.radii, fmt="%.6g", header="certified radius per seed")
-    store.atomic_bytes(out / RADII, buf.getvalue())
+    store.atomic_bytes(out / RADII, _radii_csv(adv.radii))
     buf = io.BytesIO()
     np.savez_compressed(
         buf,
@@ -113,6 +111,29 @@ def _radii_csv(radii) -> bytes:
     buf = io.BytesIO()  # NaN marks an uncertified centre (no certified ball)
     np.savetxt(buf, radii, fmt="%.6g", header="certified radius per seed")
     return buf.getvalue()
+
+
+def _refuse_other_copy(out: Path, seed: int, configs: dict, radii: bytes) -> None:
+    """:class:`ccu.store.results.ResultConflictError` when ``out`` holds the copy of another run
+    in what :func:`_refuse_other_run` does not see: another method's config of another seed
+    or version, or other balls' radii (``table1.json`` and ``radii.csv`` would be replaced)."""
+    versions = {c.get("ccu_version") for c in configs.values()}
+    for path in sorted(Path(out).glob(f"*.{CONFIG}")):
+        name = path.name[: -len(f".{CONFIG}")]
+        if name in configs:
+            continue
+        other = store.read_json(path)
+        if other.get("seed") != seed or other.get("ccu_version") not in versions:
+            raise store.ResultConflictError(
+                f"{out} holds the copy of another run ({name}: seed {other.get('seed')}, ccu "
+                f"{other.get('ccu_version')}); it is kept. Move it away, or give another --out."
+            )
+    held = Path(out) / RADII
+    if held.exists() and held.read_bytes() != radii:
+        raise store.ResultConflictError(
+            f"{held} holds other balls' radii than this run's; the copy there is kept. Move it "
+            "away, or give another --out."
+        )
 
 
 def _refuse_other_run(out: Path, name: str, config: dict, balls_key: str | None = None) -> None:

@@ -280,7 +280,7 @@ class RunSpec:
             "dataset_description": data.spec.description,
             "data_sources": data.info,  # in-data files, out-distribution files and count
             "out_distribution": data.out_description,
-            "out_checksum": data.out_checksum(),  # part of the key (0.6.0 on)
+            "out_checksum": data.out_checksum(),  # part of the key (0.7.0 on)
             "ood_sets": list(data.spec.ood_sets),
         }
         if method is not None:

@@ -97,6 +97,12 @@ RESULT_COMPATIBLE_VERSIONS = {
         "[0, 1]; OOD sets were the first images of "
         "their files and training noise shared the Uniform set's seed"
     ),
+    "0.6.0": (
+        "ACET's inner attack started at a random point of its ball, GAN kept its learning rates, "
+        "MCD and GAN trained VGG13 on MNIST under paper, MCD's LeNet had two dropouts, ODIN's "
+        "and Maha's pre-processing left [0, 1]; OOD sets were the first images of their files "
+        "and training noise shared the Uniform set's seed"
+    ),
     "0.4.0": (
         "certificates with float32 log normalisers and expanded distances (radii up to ~1e-7 "
         "relative off, some slightly too large); now float64 throughout, with a rounding margin"
@@ -358,7 +364,7 @@ def _key_fields(config: dict) -> dict:
     fields["profile"] = training_profile(fields["profile"])
     if config.get(PLUGIN_CODE) is not None:  # only plug-ins' runs: built-in keys unchanged
         fields[PLUGIN_CODE] = config[PLUGIN_CODE]
-    if config.get(OUT_CHECKSUM) is not None:  # the out-set's images (0.6.0): older keys unchanged
+    if config.get(OUT_CHECKSUM) is not None:  # the out-set's images (0.7.0): older keys unchanged
         fields[OUT_CHECKSUM] = config[OUT_CHECKSUM]
     return fields
 
@@ -391,8 +397,12 @@ def config_differences(saved: dict, wanted: dict) -> list[str]:
     # as JSON holds them (a tuple asked is the list saved)
     a, b = (json.loads(json.dumps(_key_fields(c), default=str)) for c in (saved, wanted))
     out = []
-    for k in (*CONFIG_KEYS, PLUGIN_CODE):
+    for k in (*CONFIG_KEYS, PLUGIN_CODE, OUT_CHECKSUM):
         if a.get(k) == b.get(k):
+            continue
+        if k == OUT_CHECKSUM and None in (a.get(k), b.get(k)):
+            out.append("the out-distribution's images (out_checksum: a run saved before 0.7.0 "
+                       "has none)")  # fmt: skip
             continue
         if k == PLUGIN_CODE:
             out.append(

@@ -299,7 +299,7 @@ def test_image_folder_ood_sets(tmp_path):
 def test_no_noise_a_method_trains_on_is_an_ood_test_image_or_a_balls_centre():
     """The Uniform OOD set draws with its seed plainly (1), the balls' centres with seed + 1000;
     the training out-distributions' noise and ACET2's draw from streams of their own (before
-    0.6.0 the digits out-set held all 397 Uniform test images, ACET2's batch 1 the first 128)."""
+    0.7.0 the digits out-set held all 397 Uniform test images, ACET2's batch 1 the first 128)."""
     from ccu.data.images import uniform_noise
     from ccu.methods import trained
 

@@ -81,3 +81,17 @@ def test_a_certifying_methods_attack_needs_the_test_images(tmp_path):
     balls = ensure_balls("CCU", run, data, prof, 0, 1.1, directory)
     with pytest.raises(ValueError, match="pass the test images"):
         attack_in_balls("CCU", run, balls, prof, 0, directory)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a lent one)")
+def test_the_certified_auc_of_balls_certified_on_a_gpu():
+    """The float64 confidences come back from the model's device (a ``.numpy()`` of a CUDA
+    tensor raised, so no ball could be certified on a GPU)."""
+    model = random_ccu(0, d=4, num_classes=4).to("cuda")
+    model.classifier = Float64Only(4)
+    means = model.density_in.means.detach().float().cpu()
+    data = types.SimpleNamespace(
+        spec=types.SimpleNamespace(shape=(4,)), train_x=means, test_x=means
+    )
+    balls = certify_balls("CCU", model, data, 20, seed=0, level=1.1)
+    assert balls.summary[CERTIFIED_AUC] == 1.0

@@ -58,7 +58,7 @@ def no_committed_benchmarks(monkeypatch, tmp_path):
         (tmp_path / "packed" / dataset / "part-1").mkdir(parents=True)
     monkeypatch.setattr(lease, "DEVDATA", tmp_path / "packed")
     # the planner's logic is tested with MCD and GAN as the long methods they were on VGG13
-    # (measured): on MNIST's LeNet (0.6.0) their costs are estimates (the test below)
+    # (measured): on MNIST's LeNet (0.7.0) their costs are estimates (the test below)
     for m, cost in lease.VGG13_COST_S.items():
         monkeypatch.setitem(lease.COST_S, m, cost)
 
@@ -386,6 +386,8 @@ def test_mnists_mcd_and_gan_on_lenet_are_planned_from_lenets_costs(tmp_path, mon
     # FMNIST's images are MNIST's size: VGG13's measure as it is; CIFAR-10's cost more
     assert lease.estimated_seconds("MCD", "fmnist")[0] == lease.VGG13_COST_S["MCD"][0]
     assert lease.estimated_seconds("MCD", "cifar10-jpeg")[0] > lease.VGG13_COST_S["MCD"][0]
+    # mnist-offline's network is LeNet: LeNet's costs scaled, not VGG13's
+    assert lease.estimated_seconds("MCD", "mnist-offline")[0] < lease.COST_S["MCD"][0]
 
 
 def test_the_planner_counts_the_whole_leases_the_rest_of_the_grid_needs(tmp_path, monkeypatch):

@@ -37,6 +37,39 @@ def test_an_attack_of_fewer_methods_keeps_the_rows_of_the_others(tmp_path):
     assert _table1(res)["methods"] == before  # Base's row was dropped before
 
 
+def test_earlier_attacks_join_table1_only_when_current_and_readable(tmp_path, capsys):
+    from ccu.run.adversarial_noise import other_finished_attacks, saved_balls
+
+    res = tmp_path / "r"
+    attack = ["attack", "--dataset", "digits", *_common(res)]
+    assert cli.main([*attack, "--method", "CCU", "Base"]) == cli.EXIT_OK
+    directory = store.adversarial_dir(PROF, "digits", res, 0)
+    balls = saved_balls(directory)
+    assert list(other_finished_attacks(balls, PROF, "digits", 0, directory, ["CCU"], res)) == [
+        "Base"
+    ]
+    meta = directory / "attack.Base.json"
+    saved = json.loads(meta.read_text())
+    saved["row"]["certificate"] = {"own_certified_auc": 0.5}  # a certifier's, from before 0.7.0
+    meta.write_text(json.dumps(saved))
+    assert other_finished_attacks(balls, PROF, "digits", 0, directory, ["CCU"], res) == {}
+    meta.write_text("{")  # damaged: this call's table goes on without it, and says so
+    capsys.readouterr()
+    assert cli.main([*attack, "--method", "CCU"]) == cli.EXIT_OK
+    assert "Base's earlier attack is not in Table 1" in capsys.readouterr().err
+    assert list(_table1(res)["methods"]) == ["CCU"]
+
+
+def test_a_run_saved_before_out_checksum_names_it_in_the_conflict():
+    config = {"dataset": "digits", "method": "Base", "out_checksum": "a" * 64}
+    said = store.config_differences(
+        {k: v for k, v in config.items() if k != "out_checksum"}, config
+    )
+    assert said == [
+        "the out-distribution's images (out_checksum: a run saved before 0.7.0 has none)"
+    ]
+
+
 def test_compare_densities_leaves_the_seeds_table1_alone_and_no_comparison_over_another(
     tmp_path, capsys
 ):
@@ -131,5 +164,5 @@ def test_runs_against_other_out_distribution_images_have_other_keys():
     spec = RunSpec("digits", "Base", get_profile("smoke"))
     a, b = spec.config(data), spec.config(other)
     assert store.config_key(a) != store.config_key(b)
-    old = {k: v for k, v in a.items() if k != "out_checksum"}  # a config written before 0.6.0
+    old = {k: v for k, v in a.items() if k != "out_checksum"}  # a config written before 0.7.0
     assert "out_checksum" not in store._key_fields(old)  # keeps the key it had
