@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ccu.data import REGISTRY
+from ccu.data.cifar10 import from_jpeg_copy
 from ccu.report import tables as report
 from ccu.store.records import (
     ATTACK_GRADIENT,
@@ -379,6 +380,23 @@ def attack_step_words(run: dict) -> str:
     return "; ".join(report.PGD_STEP_WORDS.get(s, s) for s in steps)
 
 
+def out_words(config: dict) -> str:
+    """A run's training out-distribution in words: its description, and that its images are
+    CIFAR-10's JPEG copy where they are (results on it are near, not equal, to the original's).
+
+    >>> out_words({"out_distribution": "grey CIFAR-10", "ood_sets": ["grcifar10"], "data_sources":
+    ...     {"out_source": "CIFAR-10 train, JPEG copy (offline mirror cifar10/cifar10-jpeg.tar.gz)"}})
+    "grey CIFAR-10; its images (and GrCIFAR10's) from CIFAR-10's JPEG copy"
+    """
+    words = str(config.get("out_distribution", "?"))
+    source = (config.get("data_sources") or {}).get("out_source", "")
+    if from_jpeg_copy(source) or from_jpeg_copy(words):  # older runs: their description says
+        grey = "grcifar10" in (config.get("ood_sets") or []) or "GrCIFAR10" in words
+        also = " (and GrCIFAR10's)" if grey else ""
+        words += f"; its images{also} from CIFAR-10's JPEG copy"
+    return words
+
+
 def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
     """One row per committed reference run, and the paper's protocol as the first row: the data
     (training / test images), epochs, training out-distribution, attack budget, ACET's inner
@@ -410,7 +428,7 @@ def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
         rows[run_title(run)] = {
             "data (train / test images)": data,
             "epochs": str(prof.get("epochs", "?")),
-            "training out-distribution": str(cfg.get("out_distribution", "?")),
+            "training out-distribution": out_words(cfg),
             "attack (centres x restarts x steps)": " x ".join(map(str, attack)),
             "attack's PGD step": attack_step_words(run),
             "ACET inner steps": str(prof.get("acet_steps", "?")) if "ACET" in methods else "—",

@@ -127,3 +127,13 @@ def test_every_run_in_plain_words_with_the_papers_protocol_first(tmp_path):
     assert title.startswith("MNIST (stand-in: mnist-offline), reduced profile 'cpu'")
     assert "8,000 train / 2,000 test" in words.loc[title, "data (train / test images)"]
     assert glance.profile_words("paper-e30") == "the paper's protocol cut to 30 epochs"
+
+
+def test_the_runs_in_plain_words_say_their_cifar10_images_are_the_jpeg_copy():
+    """The data README: results on the JPEG copy of CIFAR-10 are near, not equal, to results on
+    the original; say so wherever they are shown. Every committed MNIST run trained against
+    grey CIFAR-10 from it (its description alone did not say)."""
+    words = glance.runs_in_plain_words()["training out-distribution"]
+    mnist = [k for k in words.index if k.startswith("MNIST")]
+    assert mnist and all("from CIFAR-10's JPEG copy" in words[k] for k in mnist)
+    assert "JPEG" not in words["the paper"]
