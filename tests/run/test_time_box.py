@@ -240,7 +240,7 @@ def _snapshot(res, ref) -> dict:
     """Every result file of the run, without what depends on the clock or the calls."""
     # config.json's checksum covers its timings
     clock_keys = {"train_seconds", "wall_seconds", "attack_seconds", "seconds", "loaded",
-                  "build_seconds",
+                  "loaded_on", "build_seconds",
                   "wall_seconds_total", "wall_seconds_per_method", "calls", "resumed_at_epochs",
                   "config_sha256"}  # fmt: skip
 
