@@ -539,8 +539,17 @@ def run_grids_html(run: dict) -> str:
 
 def grid_note(run: dict, table: str) -> str:
     """What a run's grid of ``table`` needs said below it: for Table 1, the rows measured before
-    a fix (:func:`ccu.report.tables.table1_note`)."""
-    return report.table1_note(run.get("table1") or {}) if table == "Table 1" else ""
+    a fix (:func:`ccu.report.tables.table1_note`); for Table 2 and AUPR, that its GrCIFAR10 is
+    CIFAR-10's JPEG copy where it is (:func:`out_words`)."""
+    if table == "Table 1":
+        return report.table1_note(run.get("table1") or {})
+    config = next(iter((run.get("config") or {}).values()), {})
+    if table in ("Table 2", "AUPR") and "GrCIFAR10's" in out_words(config):
+        return (
+            "GrCIFAR10 here (and the training out-distribution) is CIFAR-10's JPEG copy, "
+            "grey-scaled: near, not equal, to the original images the paper used."
+        )
+    return ""
 
 
 def provenance_table(root: Path | None = None) -> pd.DataFrame:

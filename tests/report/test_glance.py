@@ -137,3 +137,8 @@ def test_the_runs_in_plain_words_say_their_cifar10_images_are_the_jpeg_copy():
     mnist = [k for k in words.index if k.startswith("MNIST")]
     assert mnist and all("from CIFAR-10's JPEG copy" in words[k] for k in mnist)
     assert "JPEG" not in words["the paper"]
+
+    for run in glance.every_run():  # and under each MNIST run's Table 2 and AUPR grids
+        if run["dataset"].startswith("mnist"):
+            assert "CIFAR-10's JPEG copy" in glance.grid_note(run, "Table 2")
+            assert "JPEG" not in glance.grid_note(run, "Table 1")
