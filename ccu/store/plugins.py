@@ -90,7 +90,10 @@ def code_identity(classes) -> list[dict] | None:
     name, no machine path) and the sha256 of that file's source (of the class's own source when
     it was defined in a notebook cell). None when every class is the library's own (its
     version identifies it). A run records this in its config (:data:`ccu.store.results.PLUGIN_CODE`),
-    so a run of edited plug-in code never reuses results of other code."""
+    so a run of edited plug-in code never reuses results of other code. The sha256 also covers
+    the code the class leans on (:func:`_code_it_uses`): its base classes outside ``ccu`` and
+    the modules loaded from its file's folder (a helper module beside the plug-in), whose
+    names ``uses`` lists."""
     import hashlib
     import inspect
 
@@ -109,11 +112,44 @@ def code_identity(classes) -> list[dict] | None:
                 source = inspect.getsource(cls).encode()
             except (TypeError, OSError):
                 source = repr(sorted(vars(cls))).encode()  # at least its attributes' names
-        out.append(
-            {
-                "class": cls.__qualname__,
-                "file": Path(path).name if path else module,
-                "sha256": hashlib.sha256(source).hexdigest(),
-            }
-        )
+        digest = hashlib.sha256(source)
+        uses = _code_it_uses(cls, path)
+        for other in uses:
+            digest.update(b"\0" + other.name.encode() + b"\0" + other.read_bytes())
+        record = {
+            "class": cls.__qualname__,
+            "file": Path(path).name if path else module,
+            "sha256": digest.hexdigest(),
+        }
+        if uses:
+            record["uses"] = [other.name for other in uses]
+        out.append(record)
     return out or None
+
+
+def _code_it_uses(cls, path) -> list[Path]:
+    """The files besides ``path`` (``cls``'s own) whose code ``cls`` runs: the files of its base
+    classes outside ``ccu``, and the modules loaded from ``path``'s folder (not installed
+    packages), in sorted order. Written here: no library names the code a class depends on."""
+    import inspect
+    import sys
+
+    own = Path(path).resolve() if path else None
+    found = set()
+    for base in cls.__mro__[1:]:
+        module = getattr(base, "__module__", "") or ""
+        if module in ("builtins", "ccu") or module.startswith(("ccu.", "torch")):
+            continue
+        try:
+            where = inspect.getsourcefile(base)
+        except (TypeError, OSError):
+            continue
+        if where and Path(where).is_file() and "site-packages" not in where:
+            found.add(Path(where).resolve())
+    if own is not None:
+        for mod in list(sys.modules.values()):
+            where = getattr(mod, "__file__", None)
+            if where and where.endswith(".py") and Path(where).resolve().parent == own.parent:
+                found.add(Path(where).resolve())
+    found.discard(own)
+    return sorted(found)

@@ -168,3 +168,33 @@ def test_a_plugins_code_is_part_of_its_runs_identity(tmp_path):
         (tmp_path / "a" / label / "digits" / "seed0" / "Base" / "config.json").read_text()
     )
     assert "plugin_code" not in base
+
+
+def test_a_plugins_identity_covers_the_helper_module_and_base_class_it_uses(tmp_path, monkeypatch):
+    """An edit of a plug-in's helper module (beside it) or of its base class (in another file)
+    changes its results: it changed no key before."""
+    import importlib
+    import sys
+
+    from ccu.store.plugins import code_identity
+
+    (tmp_path / "energy_helpers.py").write_text("def temperature():\n    return 1.0\n")
+    elsewhere = tmp_path / "lib"
+    elsewhere.mkdir()
+    (elsewhere / "energy_base.py").write_text("class EnergyBase:\n    scale = 1.0\n")
+    (tmp_path / "energy_plugin.py").write_text(
+        "import energy_helpers\nfrom energy_base import EnergyBase\n\n"
+        "class Energy(EnergyBase):\n    def T(self):\n        return energy_helpers.temperature()\n"
+    )
+    monkeypatch.syspath_prepend(str(elsewhere))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("energy_plugin", "energy_helpers", "energy_base"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    cls = importlib.import_module("energy_plugin").Energy
+    (first,) = code_identity([cls])
+    assert sorted(first["uses"]) == ["energy_base.py", "energy_helpers.py"]
+    (tmp_path / "energy_helpers.py").write_text("def temperature():\n    return 1000.0\n")
+    (second,) = code_identity([cls])
+    (elsewhere / "energy_base.py").write_text("class EnergyBase:\n    scale = 2.0\n")
+    (third,) = code_identity([cls])
+    assert len({first["sha256"], second["sha256"], third["sha256"]}) == 3
