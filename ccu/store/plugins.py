@@ -115,7 +115,11 @@ def code_identity(classes) -> list[dict] | None:
         digest = hashlib.sha256(source)
         uses = _code_it_uses(cls, path)
         for other in uses:
-            digest.update(b"\0" + other.name.encode() + b"\0" + other.read_bytes())
+            try:
+                code = other.read_bytes()
+            except OSError:  # removed since: what ran is not there to read
+                code = b"(gone)"
+            digest.update(b"\0" + other.name.encode() + b"\0" + code)
         record = {
             "class": cls.__qualname__,
             "file": Path(path).name if path else module,
@@ -149,7 +153,8 @@ def _code_it_uses(cls, path) -> list[Path]:
     if own is not None:
         for mod in list(sys.modules.values()):
             where = getattr(mod, "__file__", None)
-            if where and where.endswith(".py") and Path(where).resolve().parent == own.parent:
+            real = where and Path(where).is_absolute() and where.endswith(".py")  # not "<...>"
+            if real and Path(where).resolve().parent == own.parent:
                 found.add(Path(where).resolve())
     found.discard(own)
-    return sorted(found)
+    return sorted(f for f in found if f.is_file())  # a module whose file is gone: nothing to read
