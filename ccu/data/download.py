@@ -96,11 +96,8 @@ def _download(url: str, dest: Path, md5sum: str, timeout: float, progress) -> Pa
                 f"downloading {url} failed (HTTP {exc.code}: {exc.reason}). Download it by hand "
                 f"and put it at {dest}."
             ) from exc
-    except (
-        urllib.error.URLError,
-        OSError,
-        http.client.HTTPException,
-    ) as exc:  # e.g. a cut transfer
+    # HTTPException: e.g. a transfer cut before its length (IncompleteRead)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise DataNotFoundError(
             f"{dest.name} is not at {dest} and could not be downloaded from {url} ({exc}); "
             f"no internet? Download it on a machine with internet and copy it to {dest}. "

@@ -389,12 +389,24 @@ def out_words(config: dict) -> str:
     "grey CIFAR-10; its images (and GrCIFAR10's) from CIFAR-10's JPEG copy"
     """
     words = str(config.get("out_distribution", "?"))
-    source = (config.get("data_sources") or {}).get("out_source", "")
-    if from_jpeg_copy(source) or from_jpeg_copy(words):  # older runs: their description says
-        grey = "grcifar10" in (config.get("ood_sets") or []) or "GrCIFAR10" in words
-        also = " (and GrCIFAR10's)" if grey else ""
+    if _out_from_jpeg_copy(config):
+        also = " (and GrCIFAR10's)" if _tests_grcifar10(config) else ""
         words += f"; its images{also} from CIFAR-10's JPEG copy"
     return words
+
+
+def _out_from_jpeg_copy(config: dict) -> bool:
+    """Whether a run's training out-distribution was read from CIFAR-10's JPEG copy (its
+    recorded source, or for older runs its description)."""
+    source = (config.get("data_sources") or {}).get("out_source", "")
+    return from_jpeg_copy(source) or from_jpeg_copy(str(config.get("out_distribution", "")))
+
+
+def _tests_grcifar10(config: dict) -> bool:
+    """Whether a run has GrCIFAR10 among its OOD sets (older runs: its description names it)."""
+    return "grcifar10" in (config.get("ood_sets") or []) or "GrCIFAR10" in str(
+        config.get("out_distribution", "")
+    )
 
 
 def runs_in_plain_words(root: Path | None = None) -> pd.DataFrame:
@@ -544,7 +556,8 @@ def grid_note(run: dict, table: str) -> str:
     if table == "Table 1":
         return report.table1_note(run.get("table1") or {})
     config = next(iter((run.get("config") or {}).values()), {})
-    if table in ("Table 2", "AUPR") and "GrCIFAR10's" in out_words(config):
+    jpeg = _out_from_jpeg_copy(config) and _tests_grcifar10(config)
+    if table in ("Table 2", "AUPR") and jpeg:
         return (
             "GrCIFAR10 here (and the training out-distribution) is CIFAR-10's JPEG copy, "
             "grey-scaled: near, not equal, to the original images the paper used."

@@ -254,9 +254,7 @@ def attack_in_balls(
     if meta.exists():
         saved = store.read_json(meta)
         row = saved.get(ATTACK_ROW, {})
-        own = row.get(CERTIFICATE, {})  # a certifier's, its certified AUC of float64 confidences
-        current = certifier is None or own.get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64
-        if saved.get(ATTACK_KEY) == key and current:
+        if saved.get(ATTACK_KEY) == key and (certifier is None or _certificate_current(row)):
             got = store.read_npz(arrays) if arrays.exists() else None
             if got is None:
                 raise CorruptResultError(
@@ -316,6 +314,12 @@ def attack_in_balls(
     store.write_npz(arrays, worst_x=worst_x, worst_score=worst)
     store.write_json(meta, {ATTACK_KEY: key, ATTACK_ROW: row})  # last: marks the attack as finished
     return row, worst_x, worst
+
+
+def _certificate_current(row: dict) -> bool:
+    """Whether a certifier's saved row holds its own certificate with the certified AUC of the
+    float64 model's confidences (0.7.0 on; an older one is made again)."""
+    return row.get(CERTIFICATE, {}).get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64
 
 
 def _is_ball_run(name: str, run: RunResult, balls: Balls) -> bool:
@@ -452,16 +456,8 @@ def ensure_balls(name: str, run: RunResult, data: Dataset, prof: Profile, seed, 
         saved = Balls.load(directory)
         same = (saved.summary.get(BALLS_FROM), saved.summary.get(N_CENTRES), saved.level)
         current = saved.summary.get(CONFIDENCE_IN) == CONFIDENCE_IN_FLOAT64  # 0.7.0's AUC
-        if (
-            saved.ball_run_files == run.config.get("files")
-            and current
-            and same
-            == (
-                name,
-                prof.n_centres,
-                level,
-            )
-        ):
+        same_run = saved.ball_run_files == run.config.get("files")
+        if same_run and current and same == (name, prof.n_centres, level):
             return saved
     balls = certify_balls(
         name, run.method.certifier(), data, prof.n_centres, seed, level, run.config.get("files")
@@ -488,15 +484,15 @@ def other_finished_attacks(balls: Balls, prof: Profile, dataset: str, seed: int,
             saved, config = store.read_json(meta), store.read_config(method_dir / store.CONFIG)
             if saved.get(ATTACK_KEY) != attack_key(balls, config, prof, seed):
                 continue  # made on another run of it, or in other balls
-            own = saved.get(ATTACK_ROW, {}).get(CERTIFICATE)
-            if own is not None and own.get(CONFIDENCE_IN) != CONFIDENCE_IN_FLOAT64:
+            row = saved.get(ATTACK_ROW, {})
+            if CERTIFICATE in row and not _certificate_current(row):
                 continue  # a certifier's from before its certified AUC was float64's: redo it
             got = store.read_npz(arrays)
             test_scores = store.read_npz(method_dir / store.SCORES)["test"]
         except CorruptResultError as exc:  # this call's table goes on without that row
             log(f"{name}'s earlier attack is not in Table 1: {exc}")
             continue
-        row = with_paper_auc(saved.get(ATTACK_ROW, {}), test_scores, got["worst_score"])
+        row = with_paper_auc(row, test_scores, got["worst_score"])
         found[name] = (row, got["worst_x"], got["worst_score"])
     return found
 

@@ -113,21 +113,32 @@ def _radii_csv(radii) -> bytes:
     return buf.getvalue()
 
 
+def other_seed_or_version(out: Path, seeds, versions, skip=()) -> tuple[str, dict] | None:
+    """The first method's copy in ``out`` (not among ``skip``) made with a seed not in
+    ``seeds`` or a library version not in ``versions``: ``(method, its config)``; None when
+    there is none."""
+    for path in sorted(Path(out).glob(f"*.{CONFIG}")):
+        name = path.name[: -len(f".{CONFIG}")]
+        if name in skip:
+            continue
+        other = store.read_json(path)
+        if other.get("seed") not in seeds or other.get("ccu_version") not in versions:
+            return name, other
+    return None
+
+
 def _refuse_other_copy(out: Path, seed: int, configs: dict, radii: bytes) -> None:
     """:class:`ccu.store.results.ResultConflictError` when ``out`` holds the copy of another run
     in what :func:`_refuse_other_run` does not see: another method's config of another seed
     or version, or other balls' radii (``table1.json`` and ``radii.csv`` would be replaced)."""
     versions = {c.get("ccu_version") for c in configs.values()}
-    for path in sorted(Path(out).glob(f"*.{CONFIG}")):
-        name = path.name[: -len(f".{CONFIG}")]
-        if name in configs:
-            continue
-        other = store.read_json(path)
-        if other.get("seed") != seed or other.get("ccu_version") not in versions:
-            raise store.ResultConflictError(
-                f"{out} holds the copy of another run ({name}: seed {other.get('seed')}, ccu "
-                f"{other.get('ccu_version')}); it is kept. Move it away, or give another --out."
-            )
+    found = other_seed_or_version(out, [seed], versions, skip=configs)
+    if found is not None:
+        name, other = found
+        raise store.ResultConflictError(
+            f"{out} holds the copy of another run ({name}: seed {other.get('seed')}, ccu "
+            f"{other.get('ccu_version')}); it is kept. Move it away, or give another --out."
+        )
     held = Path(out) / RADII
     if held.exists() and held.read_bytes() != radii:
         raise store.ResultConflictError(
@@ -141,7 +152,6 @@ def _refuse_other_run(out: Path, name: str, config: dict, balls_key: str | None 
     another run (another configuration, or the same one trained again: other files), or, for
     the ball method (``balls_key`` given), other balls: a written part is never replaced by a
     different one."""
-
     path = method_file(out, name, CONFIG)
     if path.exists():
         saved = store.normalised_config(store.read_json(path))

@@ -73,7 +73,8 @@ def _run(spec: RunSpec, root=None, data=None, on_epoch_end=None):
 def train_one(spec: RunSpec, root=None, data=None, on_epoch_end=None) -> dict:
     """Train (or load) one method; writes ``trained.json`` (the workflow's marker) and returns
     it. A run loaded keeps the device and seconds of the training that made it (``loaded_on``:
-    where it was loaded): the parts and reference copies read the device from it. ``on_epoch_end(epochs done, epochs)``: called after each saved epoch
+    where it was loaded): the parts and reference copies read the device from it.
+    ``on_epoch_end(epochs done, epochs)``: called after each saved epoch
     (:func:`ccu.methods.training.run_epochs`; ``ccu run --stop-after``: :attr:`TimeBox.on_epoch_end`)."""
     from ccu.store import results as store
 
@@ -388,28 +389,19 @@ def check_reference_target(folder: Path, seeds) -> None:
     """A :class:`UsageError` before any work when ``folder`` holds a reference copy that a run
     of ``seeds`` with this library version could not be copied over (another seed or version:
     :func:`ccu.run.reference.write_reference` refuses it at the end, after the whole run)."""
-    import json
-
     from ccu._version import __version__
+    from ccu.run.reference import other_seed_or_version
 
-    for path in sorted(Path(folder).glob("*.config.json")):
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # the copy's own check says what is wrong with it
-        other = [
-            f"{what} {config.get(key)}"
-            for what, key, ours in (
-                ("seed", "seed", list(seeds)),
-                ("ccu", "ccu_version", __version__),
-            )
-            if (config.get(key) not in ours if key == "seed" else config.get(key) != ours)
-        ]
-        if other:
-            raise UsageError(
-                f"--reference-out: {folder} holds the copy of another run ({', '.join(other)}, in "
-                f"{path.name}); it is kept. Move it away first, or give another folder."
-            )
+    found = other_seed_or_version(folder, list(seeds), {__version__})
+    if found is not None:
+        name, config = found
+        differ = [f"seed {config.get('seed')}"] if config.get("seed") not in seeds else []
+        if config.get("ccu_version") != __version__:
+            differ.append(f"ccu {config.get('ccu_version')}")
+        raise UsageError(
+            f"--reference-out: {folder} holds the copy of another run ({', '.join(differ)}, in "
+            f"{name}.config.json); it is kept. Move it away first, or give another folder."
+        )
 
 
 def run_all(
