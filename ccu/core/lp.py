@@ -120,10 +120,28 @@ def _local_search(A: torch.Tensor, v: torch.Tensor, max_sweeps: int = 200) -> to
     return v
 
 
-def _metric_key(metric: Mahalanobis) -> tuple:
-    """What a cached number of ``metric`` depends on: its whitening (and whether it changed)."""
+def _cached(metric: Mahalanobis, key: tuple, compute):
+    """``compute()`` once per ``key`` and content of ``metric``'s whitening.
+
+    The cache keeps a float64 copy of the whitening it was computed for and is emptied when the
+    metric's differs, compared element by element: a metric edited in place, one loaded into
+    the same module (``load_state_dict`` puts in new buffers) and a new buffer that the
+    allocator placed at a freed one's address (its pointer and version counter repeat) all
+    compute again. A key of pointer and version served a smaller kappa of another metric, and
+    a bound below the confidence in the ball."""
     W = metric.whitening
-    return (W.data_ptr(), W._version, tuple(W.shape), str(W.device))
+    held = metric.__dict__.get("_lp_cache")
+    if held is None or not (
+        held["whitening"].shape == W.shape
+        and held["whitening"].device == W.device
+        and held["whitening"].dtype == W.dtype
+        and torch.equal(held["whitening"], W)
+    ):
+        held = {"whitening": W.detach().clone(), "values": {}}
+        metric.__dict__["_lp_cache"] = held
+    if key not in held["values"]:
+        held["values"][key] = compute()
+    return held["values"][key]
 
 
 def linf_norm_bounds(metric: Mahalanobis, seed: int = 0) -> LinfNormBounds:
@@ -132,11 +150,7 @@ def linf_norm_bounds(metric: Mahalanobis, seed: int = 0) -> LinfNormBounds:
     Cached per metric (on 32x32 colour images it takes ~30 s of eigenvalue problems)."""
     if not isinstance(metric, Mahalanobis):
         raise TypeError(f"metric must be a ccu.Mahalanobis; got {type(metric).__name__}.")
-    cache = metric.__dict__.setdefault("_linf_bounds_cache", {})
-    key = (seed, *_metric_key(metric))
-    if key not in cache:
-        cache[key] = _linf_norm_bounds(metric, seed)
-    return cache[key]
+    return _cached(metric, ("linf_bounds", seed), lambda: _linf_norm_bounds(metric, seed))
 
 
 def _linf_norm_bounds(metric: Mahalanobis, seed: int) -> LinfNormBounds:
@@ -182,14 +196,13 @@ def lp_norm_factor(metric: Mahalanobis, p=math.inf) -> float:
     """``kappa_p``, with ``d(x, x0) <= kappa_p |x - x0|_p`` for all ``x, x0`` (a provable upper
     bound of the operator norm; exact up to ``1e-9`` for ``p = 2``). Cached per metric."""
     p = _p(p)
-    key = (p, *_metric_key(metric))
-    cache = metric.__dict__.setdefault("_lp_factor_cache", {})
-    if key not in cache:
+
+    def factor() -> float:
         if p == 2.0:
-            cache[key] = math.sqrt(_lam_max(_precision(metric))) * (1.0 + SLACK_2)
-        else:
-            cache[key] = linf_norm_bounds(metric).upper
-    return cache[key]
+            return math.sqrt(_lam_max(_precision(metric))) * (1.0 + SLACK_2)
+        return linf_norm_bounds(metric).upper
+
+    return _cached(metric, ("factor", p), factor)
 
 
 def mahalanobis_radius(metric: Mahalanobis, eps, p=math.inf):

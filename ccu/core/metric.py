@@ -135,11 +135,14 @@ class Mahalanobis(nn.Module):
         master = getattr(self, name)
         if master.dtype == like.dtype and master.device == like.device:
             return master
-        key = (name, like.dtype, like.device, master.data_ptr())
-        if key not in self._cache:
-            self._cache = {k: v for k, v in self._cache.items() if k[3] == master.data_ptr()}
-            self._cache[key] = master.to(dtype=like.dtype, device=like.device)
-        return self._cache[key]
+        # A cast is reused only for the very master it was made from (held here, so that no
+        # new buffer can take its address) at the same version (an in-place edit bumps it).
+        key = (name, like.dtype, like.device)
+        held = self._cache.get(key)
+        if held is None or held[0] is not master or held[1] != master._version:
+            held = (master, master._version, master.to(dtype=like.dtype, device=like.device))
+            self._cache[key] = held
+        return held[2]
 
     def distance(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Pairwise distances, (N, K), for x (N, D) and y (K, D)."""

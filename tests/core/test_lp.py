@@ -184,3 +184,35 @@ def test_linf_bounds_are_computed_once_per_metric_and_again_when_it_changes():
     again = lp.linf_norm_bounds(metric)
     assert again is not first and again.upper == pytest.approx(2 * first.upper, rel=1e-9)
     assert lp.lp_norm_factor(metric, math.inf) == again.upper
+
+
+def test_cached_kappas_follow_the_metric_loaded_into_the_same_module():
+    # load_state_dict puts in new buffers; the allocator gives a freed buffer's address (and
+    # version counter) to a later one: a pointer-keyed cache served another metric's kappa
+    # (a smaller one: a "bound" below the confidence in the ball)
+    metrics = [random_metric(torch.Generator().manual_seed(s), 4, 3.0) for s in range(6)]
+    states = [{k: v.clone() for k, v in m.state_dict().items()} for m in metrics]
+    metric = ccu.Mahalanobis.identity(4)
+    for trial in range(60):
+        state = states[trial % len(states)]
+        metric.load_state_dict(state)
+        fresh = ccu.Mahalanobis.identity(4)
+        fresh.load_state_dict(state)
+        for p in (math.inf, 2):
+            assert lp.lp_norm_factor(metric, p) == lp.lp_norm_factor(fresh, p), (trial, p)
+
+
+def test_cached_kappas_follow_an_edit_that_bypasses_the_version_counter():
+    metric = random_metric(torch.Generator().manual_seed(3), 6)
+    first = lp.lp_norm_factor(metric, 2)
+    metric.whitening.data.mul_(2.0)  # through .data: no version bump
+    assert lp.lp_norm_factor(metric, 2) == pytest.approx(2 * first, rel=1e-9)
+
+
+def test_the_float32_cast_of_the_metric_follows_an_in_place_edit():
+    metric = random_metric(torch.Generator().manual_seed(4), 5)
+    x = torch.rand(3, 5)
+    before = metric.whiten(x)  # a float32 input: the whitening's cast, cached
+    with torch.no_grad():
+        metric.whitening.mul_(3.0)
+    assert torch.allclose(metric.whiten(x), 3 * before, rtol=1e-5)
