@@ -46,6 +46,8 @@ def radius_quantiles(values: torch.Tensor) -> dict:
 
 
 def _chunks(x: torch.Tensor, batch: int):
+    if len(x) == 0:
+        raise ValueError("no points to certify (an empty set); pass at least one point.")
     return [x[i : i + batch] for i in range(0, len(x), batch)]
 
 

@@ -34,7 +34,8 @@ guarantees over l_inf balls. Both directions need one number per norm, the opera
 Reverse direction: :func:`lp_confidence_bound` bounds CCU's confidence over the l_p ball of
 radius ``eps`` around any point by Corollary 1 over the Mahalanobis ball of radius
 ``kappa_p eps`` that contains it (:func:`ccu.confidence_bound`). The box ``[0, 1]^D`` is ignored:
-a bound over a larger set is still a bound. :func:`guaranteed_auc` is GOOD's guaranteed AUC.
+a bound over a larger set is still a bound. :func:`guaranteed_auc` is GOOD's guaranteed AUC
+(ties lose, as GOOD counts them).
 
 Explained in the book chapter *Adversarial noise* (section "CCU in the field's own terms").
 """
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 
 from ccu.core.bounds import confidence_bound_function
+from ccu.core.evaluate import strict_auc
 from ccu.core.metric import Mahalanobis
 
 #: relative safety margins on the operator norms (see the module docstring)
@@ -224,8 +226,8 @@ def _eps(eps, n: int) -> torch.Tensor:
         e = e.expand(n)
     if e.numel() != n:
         raise ValueError(f"eps must be a number or one value per point ({n}); got {e.numel()}.")
-    if bool(e.isnan().any()) or bool((e < 0).any()):
-        raise ValueError("eps must be non-negative numbers (no NaN).")
+    if not bool(torch.isfinite(e).all()) or bool((e < 0).any()):
+        raise ValueError("eps must be finite, non-negative numbers (no NaN, no infinity).")
     return e
 
 
@@ -248,16 +250,27 @@ def lp_confidence_bound(model, x, eps, p=math.inf) -> torch.Tensor:
     return lp_bound_function(model, x, p)(eps)
 
 
-def guaranteed_auc(confidence_in, bound_out) -> float:
-    """GOOD's guaranteed AUC (GAUC): the AUC (scikit-learn's ``roc_auc_score``, in-distribution
-    positive, ties count one half) of the clean confidences of in-distribution test points
-    against the upper bounds of the confidence over the threat balls around the OOD points."""
-    from sklearn.metrics import roc_auc_score
+def guaranteed_auc(confidence_in, bound_out, ties: str = "lose") -> float:
+    """GOOD's guaranteed AUC (GAUC): the AUC, in-distribution positive, of the clean confidences
+    of in-distribution test points against the upper bounds of the confidence over the threat
+    balls around the OOD points. ``ties="lose"`` (GOOD's and ProoD's published GAUCs: their
+    ``auroc_conservative`` counts a pair only where the confidence is strictly above the bound;
+    a bound that merely ties a confidence guarantees nothing) or ``"half"`` (scikit-learn's
+    ``roc_auc_score``: a tie counts one half).
 
+    >>> guaranteed_auc([0.9, 0.5], [0.5, 0.1]), guaranteed_auc([0.9, 0.5], [0.5, 0.1], "half")
+    (0.75, 0.875)
+    """
+    if ties not in ("lose", "half"):
+        raise ValueError(f'ties must be "lose" (GOOD\'s) or "half"; got {ties!r}.')
     a = np.asarray(confidence_in, dtype=np.float64).ravel()
     b = np.asarray(bound_out, dtype=np.float64).ravel()
     if a.size == 0 or b.size == 0 or not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("guaranteed_auc needs non-empty, finite confidences and bounds.")
+    if ties == "lose":
+        return strict_auc(a, b)
+    from sklearn.metrics import roc_auc_score
+
     y = np.r_[np.ones_like(a), np.zeros_like(b)]
     return float(roc_auc_score(y, np.r_[a, b]))
 

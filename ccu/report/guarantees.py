@@ -11,6 +11,7 @@ from ccu.report import tables as report
 from ccu.store.records import (
     AUROC,
     CERTIFIED_AUC,
+    CLEAN_AUC_STRICT,
     CONFIDENCE_IN,
     CONFIDENCE_IN_FLOAT64,
     FIELD_EPS_INF,
@@ -103,9 +104,12 @@ def committed_guarantees(root=None) -> dict[str, dict]:
 
 def field_table(root=None, paper_dataset: str = "MNIST"):
     """Our GAUCs beside GOOD's published ones at the same l_inf eps, one row per (source,
-    method, OOD set): AUC (clean), GAUC (ties count one half, scikit-learn; None where
-    :func:`ties_half_shown` says no) and strict GAUC (ties lose), percent; with what is
-    comparable and what is not (:data:`NOT_COMPARABLE`)."""
+    method, OOD set), percent: the clean AUC with ties one half (``AUC``: ours, the run's
+    AUROC) and with ties lost (``AUC_strict``: GOOD's published one and ours from the float64
+    model, where recorded), the GAUC with ties one half (``GAUC``: ours, None where
+    :func:`ties_half_shown` says no) and with ties lost (``GAUC_strict``: GOOD's published one,
+    which GOOD counts so, and ours); with what is comparable and what is not
+    (:data:`NOT_COMPARABLE`)."""
     import pandas as pd
 
     pub = published()
@@ -120,9 +124,10 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
                 method=method,
                 ood_set=ood,
                 eps_inf=eps,
-                AUC=v.get("AUC"),
-                GAUC=v.get("GAUC"),
-                GAUC_strict=None,
+                AUC=None,
+                AUC_strict=v.get("AUC"),  # GOOD's auroc_conservative: ties lose
+                GAUC=None,
+                GAUC_strict=v.get("GAUC"),
                 network="GOOD's CNN (IBP)",
                 train_out="80M Tiny Images",
             )  # fmt: skip
@@ -141,6 +146,7 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
                     ood_set=report.PAPER_OOD.get(name, name),
                     eps_inf=eps,
                     AUC=100 * s[AUROC] if AUROC in s else None,
+                    AUC_strict=100 * s[CLEAN_AUC_STRICT] if CLEAN_AUC_STRICT in s else None,
                     GAUC=100 * gi[GAUC] if ties_half_shown(g) else None,
                     GAUC_strict=100 * gi[GAUC_STRICT],
                     network="LeNet + GMMs (CCU)",
@@ -148,6 +154,8 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
                 )  # fmt: skip
             )
     df = pd.DataFrame(rows)
+    for col in ("AUC", "AUC_strict", "GAUC", "GAUC_strict"):
+        df[col] = df[col].astype(float)  # a number not there is NaN (shown blank), not None
     df["comparable"] = "threat model (l_inf, eps), metric (GAUC), OOD set"
     df["not_comparable"] = NOT_COMPARABLE
     return df
@@ -210,13 +218,16 @@ def gauc_sweep_figure(g: dict, title: str = ""):
 
 
 def field_display(field):
-    """:func:`field_table` as the chapter shows it: GOOD's published GAUC (ties lose, as GOOD
-    counts them) only under "GAUC, ties lose", ours under both that and "GAUC, ties 1/2" (ties
-    count one half, scikit-learn's): a ties-1/2 number never sits in GOOD's column."""
+    """:func:`field_table` as the chapter shows it, each AUC under its convention: ties lose
+    (GOOD counts its clean AUC and its GAUC so, ``auroc_conservative``; ours from the float64
+    model's confidences, where the run recorded them) or ties one half (scikit-learn's; ours
+    only): a ties-1/2 number never sits in GOOD's column."""
     good = field.source.str.startswith("GOOD")
-    out = field[["source", "method", "ood_set", "eps_inf", "AUC"]].copy()
+    out = field[["source", "method", "ood_set", "eps_inf"]].copy()
     out["source"] = out.source.where(~good, "GOOD")  # the paper is named in the caption
-    out["GAUC, ties 1/2"] = field.GAUC.where(~good)
-    out["GAUC, ties lose"] = field.GAUC_strict.where(~good, field.GAUC)
+    out["AUC, ties lose"] = field.AUC_strict
+    out["AUC, ties 1/2"] = field.AUC
+    out["GAUC, ties lose"] = field.GAUC_strict
+    out["GAUC, ties 1/2"] = field.GAUC
     out["network"] = field.network
     return out

@@ -46,6 +46,7 @@ from ccu.core.guarantees import (
 from ccu.store.records import (
     AUROC,
     CERTIFIED_AUC,
+    CLEAN_AUC_STRICT,
     CONFIDENCE_IN,
     CONFIDENCE_IN_FLOAT64,
     EPS_2,
@@ -89,6 +90,9 @@ def certify_sets(
     (:func:`ccu.core.bounds.float64_confidence`), those of the model the bounds are about (a
     float32 forward pass rounds confidences near 1 to 1, which then tie with the trivial bound
     1). JSON-ready dict."""
+    empty = [name for name, x in sets.items() if len(x) == 0]
+    if empty:
+        raise ValueError(f"point sets without points: {empty}; pass at least one point per set.")
     if test_confidence is None:
         test_confidence = float64_confidence(model, sets["test"], batch).cpu().numpy()
         given = CONFIDENCE_IN_FLOAT64
@@ -126,12 +130,14 @@ def certify_sets(
         }
         if name != "test":
             row[CERTIFIED_AUC] = ev.strict_auc(conf_in, bound.numpy())
+            clean_out = float64_confidence(model, x, batch).cpu().numpy()
+            row[CLEAN_AUC_STRICT] = ev.strict_auc(conf_in, clean_out)
             for p, eps_values, key in ((math.inf, eps_inf, GAUC_INF), (2, eps_2, GAUC_2)):
                 bounds = lp_bounds(model, x, eps_values, p, batch)
                 row[key] = {
                     f"{e:.6g}": {
-                        GAUC: lp.guaranteed_auc(conf_in, b),
-                        GAUC_STRICT: ev.strict_auc(conf_in, b),
+                        GAUC: lp.guaranteed_auc(conf_in, b, ties="half"),
+                        GAUC_STRICT: lp.guaranteed_auc(conf_in, b),
                         MEDIAN_BOUND: float(np.median(b)),
                     }
                     for e, b in bounds.items()

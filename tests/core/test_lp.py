@@ -166,12 +166,29 @@ def test_a_bound_off_by_a_factor_is_broken_by_the_attack():
     assert float(conf.max()) > float(half.max())
 
 
-def test_guaranteed_auc_is_roc_auc_of_confidences_against_bounds():
+def test_guaranteed_auc_counts_ties_as_goods_published_gauc_does():
     assert lp.guaranteed_auc([0.9, 0.8], [0.1, 0.2]) == 1.0
-    assert lp.guaranteed_auc([0.5], [0.5]) == 0.5  # a tie counts one half
+    assert lp.guaranteed_auc([0.5], [0.5]) == 0.0  # GOOD's auroc_conservative: a tie loses
+    assert lp.guaranteed_auc([1.0, 1.0, 1.0], [1.0, 1.0]) == 0.0  # vacuous bounds: nothing
+    assert lp.guaranteed_auc([0.5], [0.5], ties="half") == 0.5  # scikit-learn's
     assert lp.guaranteed_auc([0.3, 0.9], [0.5, 1.0]) == 0.25
     with pytest.raises(ValueError):
         lp.guaranteed_auc([], [0.1])
+    with pytest.raises(ValueError, match="ties must be"):
+        lp.guaranteed_auc([0.5], [0.5], ties="none")
+
+
+def test_an_infinite_eps_and_an_empty_set_get_their_own_message():
+    from ccu.core.guarantees import certify_set, lp_bounds
+
+    model = random_ccu(1, d=3)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="finite"):
+        lp.lp_confidence_bound(model, x, math.inf)
+    with pytest.raises(ValueError, match="empty set"):
+        certify_set(model, x[:0])
+    with pytest.raises(ValueError, match="empty set"):
+        lp_bounds(model, x[:0], [0.1])
 
 
 def test_linf_bounds_are_computed_once_per_metric_and_again_when_it_changes():

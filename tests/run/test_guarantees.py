@@ -47,9 +47,12 @@ def test_certify_sets_follows_the_definitions():
     # uncertified points fail: 2 of 8 OOD points lose against every in-point
     assert f["certified_auc"] <= 6 / 8
     b = ccu.lp_confidence_bound(model, sets["far"], 0.5).numpy()
-    assert f["gauc_inf"]["0.5"]["gauc"] == pytest.approx(lp.guaranteed_auc(conf_in, b))
+    assert f["gauc_inf"]["0.5"]["gauc"] == pytest.approx(lp.guaranteed_auc(conf_in, b, "half"))
+    assert f["gauc_inf"]["0.5"]["gauc_strict"] == pytest.approx(ev.strict_auc(conf_in, b))
+    clean = ccu.core.bounds.float64_confidence(model, sets["far"]).numpy()
+    assert f["clean_auc_strict"] == pytest.approx(ev.strict_auc(conf_in, clean))
     b2 = ccu.lp_confidence_bound(model, sets["far"], 1.0, p=2).numpy()
-    assert f["gauc_2"]["1"]["gauc"] == pytest.approx(lp.guaranteed_auc(conf_in, b2))
+    assert f["gauc_2"]["1"]["gauc"] == pytest.approx(lp.guaranteed_auc(conf_in, b2, "half"))
     assert out["kappa_inf"]["lower"] <= out["kappa_inf"]["upper"]
     assert out["kappa_2"] == pytest.approx(1 / math.sqrt(float(model.metric.eigenvalues.min())))
     rows = shown.summary_rows(dict(out, field_eps_inf=0.5))
@@ -101,16 +104,23 @@ def test_the_committed_field_table_puts_ours_beside_good():
     assert (ours.GAUC_strict[half] <= ours.GAUC[half] + 1e-9).all()  # ties lose in the strict
     assert ours.GAUC_strict.notna().all()
     good80 = t[(t.method == "GOOD80") & (t.ood_set == "FMNIST")].iloc[0]
-    assert good80.GAUC == 55.5 and "2007.08473" in good80.source
+    # GOOD counts its clean AUC and its GAUC with ties lost (auroc_conservative)
+    assert (
+        good80.GAUC_strict == 55.5 and good80.AUC_strict == 99.8 and "2007.08473" in good80.source
+    )
+    assert pd.isna(good80.GAUC) and pd.isna(good80.AUC)
     csv = report.REFERENCE_RESULTS / "cpu" / "mnist" / "gauc_vs_good.csv"
     saved = pd.read_csv(csv)
     assert len(saved) == len(t) and list(saved.method) == list(t.method)
     assert (saved.GAUC.isna() == t.GAUC.isna()).all()
+    assert (saved.AUC_strict.isna() == t.AUC_strict.isna()).all()
+    assert ((saved.AUC_strict - t.AUC_strict).abs().fillna(0) < 0.01).all()
     assert ((saved.GAUC - t.GAUC).abs().fillna(0) < 0.01).all()
     assert ((saved.GAUC_strict - t.GAUC_strict).abs().fillna(0) < 0.01).all()
     display = shown.field_display(t)  # GOOD's GAUC (ties lose) never in the ties-1/2 column
     good_row = display[(display.method == "GOOD80") & (display.ood_set == "FMNIST")].iloc[0]
     assert np.isnan(good_row["GAUC, ties 1/2"]) and good_row["GAUC, ties lose"] == 55.5
+    assert np.isnan(good_row["AUC, ties 1/2"]) and good_row["AUC, ties lose"] == 99.8
     ours_shown = display[display.source.str.startswith("ours")]
     assert (ours_shown["GAUC, ties lose"] == ours.GAUC_strict).all()
     g = shown.committed_guarantees()["CCU mnist (cpu)"]
@@ -151,7 +161,7 @@ def test_the_gauc_compares_the_bounds_with_the_float64_models_confidences():
     out = guarantees.certify_sets(model, {"test": test, "ood": test.clone()}, None, eps_inf=(10.0,))
     bound = ccu.lp_confidence_bound(model, test, 10.0).numpy()
     assert (bound == 1.0).all()  # nothing is guaranteed in these balls
-    assert lp.guaranteed_auc(conf64.float().double().numpy(), bound) == 0.5  # the old way
+    assert lp.guaranteed_auc(conf64.float().double().numpy(), bound, "half") == 0.5  # the old way
     assert out["sets"]["ood"]["gauc_inf"]["10"]["gauc"] == 0.0
     assert out["confidence_in"] == "float64 model"
     # a file from before (no confidence_in) shows no ties-1/2 GAUC; the strict one stands
