@@ -69,7 +69,11 @@ class AttackResult:
     x: torch.Tensor
     score: torch.Tensor
     distance: torch.Tensor
-    history: torch.Tensor  # best score per seed after each step, (steps + 1, N)
+    history: torch.Tensor  # best score per seed after each step, (steps + refine_steps + 1, N)
+    #: the best point before the refinement (``refine_steps``; the point itself where there was
+    #: none) and its score: what the paper's attack alone reached
+    x_unrefined: torch.Tensor | None = None
+    score_unrefined: torch.Tensor | None = None
 
 
 def _feasible(x, x0, radius, metric, box):
@@ -327,6 +331,7 @@ def ball_attack(
     include_seed: bool = True,
     batch_size: int | None = None,
     gradient: str = "raw",
+    refine_steps: int = 0,
 ) -> AttackResult:
     """Maximise ``score_fn`` (batch (B, ...) -> (B,)) in each ball ``d(x, x0_n) <= radius_n``.
 
@@ -341,6 +346,14 @@ def ball_attack(
     paper's) or x its unit direction (``"normalised"``). The seeds are checked once; the steps
     run inside
     :func:`ccu.core.validation.trusted_inputs` (no finiteness read-back per step).
+
+    ``refine_steps`` (0: none, the paper's attack alone) more steps then start from each seed's
+    best point: projected ascent in input space along the gradient without the pixels that sit
+    on a bound and point out (:func:`_refine`). The paper's step, clipped to the box, stalls
+    once most pixels sit on a bound: the clipped step then lowers the score at every size and
+    backtracking halves it forever (a linear score stopped at 0.4 of the radius in MNIST's
+    balls; refined, it reaches the ball's surface at 2.3-2.7 times the score). The refinement
+    only ever keeps a better point; ``score_unrefined`` keeps what the paper's attack reached.
     """
     x0 = as_tensor(x0, "x0")
     if x0.ndim < 2:
@@ -363,8 +376,8 @@ def ball_attack(
     radius = radius64.to(flat0.dtype)
     if box is not None and bool(((flat0 < box[0]) | (flat0 > box[1])).any()):
         raise ValueError(f"the seeds must lie inside the box {box}.")
-    if steps < 0 or restarts < 1:
-        raise ValueError("steps must be >= 0 and restarts >= 1.")
+    if steps < 0 or restarts < 1 or refine_steps < 0:
+        raise ValueError("steps and refine_steps must be >= 0 and restarts >= 1.")
     if gradient not in GRADIENTS:
         raise ValueError(f"gradient must be one of {GRADIENTS}; got {gradient!r}.")
     if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
@@ -421,12 +434,69 @@ def ball_attack(
         j = per_seed.argmax(1)
         pick = torch.arange(n, device=j.device) * R + j
         xb, sb = best_x[pick], per_seed.max(1).values
-        xf, dist = project_exact(xb, flat0, radius64, metric, box)
-        moved = (xf != xb).any(dim=1)
-        if bool(moved.any()):  # the score reported is that of the point returned
-            sb = sb.clone()
-            sb[moved] = evaluate(xf[moved])[0]
-    return AttackResult(xf.reshape(n, *shape), sb, dist, torch.stack(history))
+
+        def exactly_inside(xb, sb):
+            xf, dist = project_exact(xb, flat0, radius64, metric, box)
+            moved = (xf != xb).any(dim=1)
+            if bool(moved.any()):  # the score reported is that of the point returned
+                sb = sb.clone()
+                sb[moved] = evaluate(xf[moved])[0]
+            return xf, sb, dist
+
+        xf, sf, dist = exactly_inside(xb, sb)
+        xu, su = xf, sf
+        if refine_steps:
+            xb, sb = _refine(evaluate, xf, sf, flat0, radius, metric, box, refine_steps, history)
+            xf, sf, dist = exactly_inside(xb, sb)
+    return AttackResult(
+        xf.reshape(n, *shape), sf, dist, torch.stack(history), xu.reshape(n, *shape), su
+    )
+
+
+def _face_direction(grad, x, box):
+    """The gradient without the pixels that sit on a bound of ``box`` and point out of it
+    (``(N, D)``; unchanged without a box): the projection of the gradient onto the face of the
+    box the point lies on, along which a small step goes up and stays in the box."""
+    if box is None:
+        return grad
+    out = ((x <= box[0]) & (grad < 0)) | ((x >= box[1]) & (grad > 0))
+    return grad.masked_fill(out, 0.0)
+
+
+#: the first step of :func:`ball_attack`'s refinement: Euclidean length in input space
+REFINE_FIRST_STEP = 1.0
+
+
+def _refine(evaluate, x, score, seeds, rad, metric, box, steps, history):
+    """:func:`ball_attack`'s refinement: ``steps`` projected ascent steps from the points ``x``
+    (one per seed) along the unit :func:`_face_direction` in input space (Euclidean, where the
+    projection onto the box is the clip: a small step goes up), then into the ball by the
+    attack's own scaling towards the seed; kept only where the score does not drop (step x1.1
+    then, /2 and backtrack otherwise, from :data:`REFINE_FIRST_STEP`). The paper's whitened
+    step, clipped, stalls on the box's faces. Appends to ``history``; returns the best points
+    and their scores."""
+    s, g = evaluate(x)
+    s = torch.maximum(s, score)  # the point's own score (a chunked evaluation agrees)
+    step = torch.full_like(s, REFINE_FIRST_STEP)
+    best_x, best_s = x.clone(), s.clone()
+    for _ in range(steps):
+        d = _face_direction(g, x, box)
+        d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        w_new = metric.whiten(x - seeds + step[:, None] * d)
+        norm = w_new.norm(dim=1)
+        w_new = w_new * torch.where(norm > rad, rad / norm.clamp_min(1e-30), 1.0)[:, None]
+        cand = _feasible(seeds + metric.unwhiten(w_new), seeds, rad, metric, box)
+        s_new, g_new = evaluate(cand)
+        ok = s_new >= s
+        x = torch.where(ok[:, None], cand, x)
+        s = torch.where(ok, s_new, s)
+        g = torch.where(ok[:, None], g_new, g)
+        step = torch.where(ok, step * 1.1, step / 2.0)
+        better = s > best_s
+        best_x = torch.where(better[:, None], x, best_x)
+        best_s = torch.where(better, s, best_s)
+        history.append(best_s)
+    return best_x, best_s
 
 
 def confidence_score(model) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -110,7 +110,9 @@ def success_rate(worst_scores, score_in) -> float:
     """SR: share of seeds whose worst case reaches the median in-distribution score.
 
     The SR of the paper's Table 1; chapter *Adversarial noise*
-    (``book/adversarial_noise.ipynb``)."""
+    (``book/adversarial_noise.ipynb``). The median is numpy's (of an even count, the mean of
+    the two middle scores); the authors' ``gen_attack_stats.py`` takes torch's, the lower one,
+    which counts a worst score between the two as a success."""
     a, b = _arrays(score_in, worst_scores)
     return float((b >= np.median(a)).mean())
 

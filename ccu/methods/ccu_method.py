@@ -243,5 +243,18 @@ class CCUMethod(BaseMethod):
     def code_classes(self) -> list[type]:
         return [type(self), get_density_family(self.density)]
 
+    def attack_surrogate(self):
+        """``log p(x|i) - log p(x|o) + max_y log softmax``: what CCU's confidence rises with,
+        where it is exactly 1/M in float32 (balls far from the data: the density ratio is
+        e^-300000 there, and the confidence's gradient is 0, so an attack on it never leaves its
+        start). The attack keeps the point with the better true score, ties broken by this."""
+        model = self._require_model()
+
+        def surrogate(x: torch.Tensor) -> torch.Tensor:
+            log_pi, log_po = model.log_densities(x)
+            return log_pi - log_po + torch.log_softmax(model.logits(x), dim=1).max(dim=1).values
+
+        return surrogate
+
     def certifier(self) -> CCU:
         return self._require_model()

@@ -32,7 +32,9 @@ def _preprocess(score_fn, x, eps, box=None):
     clamped to the images' ``box`` (``(low, high)``; None: unbounded data), as the CCU authors'
     ODIN and Maha clamp to [0, 1].
 
-    The step direction is treated as a constant, so the result is differentiable in ``x``."""
+    The step direction is treated as a constant, so the result is differentiable in ``x``. The
+    sign is Liang et al.'s (ODIN) and Lee et al.'s (Maha); the CCU authors' code steps by the
+    raw gradient instead."""
     if eps == 0:
         return x
     with torch.enable_grad():

@@ -39,6 +39,7 @@ from ccu.store.records import (
     ATTACK_ROW,
     ATTACK_SECONDS,
     AUC,
+    AUC_PAPER_ATTACK,
     AUC_STRICT,
     AUC_TIES,
     AUC_TIES_HALF,
@@ -62,8 +63,10 @@ from ccu.store.records import (
     PEAK_BOUND_VIOLATIONS,
     PEAK_MAX_CONFIDENCE_FLOAT64,
     POINTS_OUTSIDE_BALLS,
+    REFINE_STEPS,
     SEEDS_WON_BY_SURROGATE,
     SR,
+    SR_PAPER_ATTACK,
     TE,
     WORST_SCORED_ONCE_MORE,
     Metrics,
@@ -77,9 +80,18 @@ from ccu.store.results import CorruptResultError
 TABLE1_GRADIENT = "raw"
 
 
+def table1_refine_steps(prof: Profile) -> int:
+    """Table 1's refining steps after the paper's attack (``refine_steps`` of
+    :func:`ccu.core.attacks.ball_attack`): as many as each restart's steps, from each centre's
+    best point (1/restarts of the attack's cost). The paper's steps stall on the box's faces;
+    the row keeps SR and AUC of the paper's attack alone beside them."""
+    return prof.attack_steps
+
+
 def attack_method(
-    method, centres, radii, metric, steps, restarts, seed=0, batch_size=None, gradient="raw"
-):
+    method, centres, radii, metric, steps, restarts, seed=0, batch_size=None, gradient="raw",
+    refine_steps=0,
+):  # fmt: skip
     """The adversarial-noise attack on one method: PGD in each ball on ``method.score``.
 
     ``radii`` are the certified radii (float64, no NaN): the attack's points lie exactly inside
@@ -92,11 +104,14 @@ def attack_method(
     score draws noise (:attr:`ccu.methods.base.Method.stochastic_score`, MCD) has its points
     scored once more: the attack keeps the best of many noisy draws, which is biased up
     against the test images' single draws (the paper's authors score the final point once).
-    Returns the ``AttackResult`` (scores are true scores) and the number of centres the
-    surrogate won."""
+    Where both points' true scores tie (CCU's confidence is exactly 1/M in float32 throughout
+    balls far from the data, and its gradient 0: its own attack never leaves the centres), the
+    point higher on the surrogate is kept. ``refine_steps``: :func:`ccu.core.attacks.ball_attack`'s
+    refinement after the paper's steps. Returns the ``AttackResult`` (scores are true scores)
+    and the number of centres the surrogate won."""
     attack = dict(
         metric=metric, steps=steps, restarts=restarts, seed=seed, batch_size=batch_size,
-        gradient=gradient,
+        gradient=gradient, refine_steps=refine_steps,
     )  # fmt: skip
     x0, rad = centres.to(method.device), radii.to(method.device, torch.float64)
     with torch.random.fork_rng(devices=cuda_devices(method)):
@@ -108,15 +123,39 @@ def attack_method(
         if surrogate is None:
             return res, 0
         alt = ball_attack(surrogate, x0, rad, **attack)
-        alt_score = _scores_at(method, alt.x, batch_size)
-    take = alt_score > res.score
+        # judged by the true score: the surrogate's refined point, or its unrefined one where
+        # that is better (a refinement on the surrogate need not raise the true score)
+        alt_refined = _scores_at(method, alt.x, batch_size)
+        alt_unrefined = _scores_at(method, alt.x_unrefined, batch_size)
+        back = alt_unrefined > alt_refined
+        alt_x = _pick(back, alt.x_unrefined, alt.x)
+        alt_score = _pick(back, alt_unrefined, alt_refined)
+        tie = alt_score == res.score
+        if bool(tie.any()):  # broken by the surrogate
+            judge = batch_size or attack_batch_size(surrogate, alt_x[:1], len(alt_x))
+            with torch.no_grad():
+                up = torch.cat([surrogate(b) for b in alt_x.split(judge)]) > torch.cat(
+                    [surrogate(b) for b in res.x.split(judge)]
+                )
+            tie = tie & up
+    take = (alt_score > res.score) | tie
+    take_u = alt_unrefined > res.score_unrefined  # the paper's attack alone: the better of both
+    flat = alt_x.reshape(len(alt_x), -1).double() - x0.reshape(len(x0), -1).double()
+    alt_distance = metric.whiten(flat).norm(dim=1)  # float64, as project_exact measures
     res = AttackResult(
-        torch.where(take.view(-1, *[1] * (alt.x.ndim - 1)), alt.x, res.x),
-        torch.where(take, alt_score, res.score),
-        torch.where(take.to(alt.distance.device), alt.distance, res.distance),
+        _pick(take, alt_x, res.x),
+        _pick(take, alt_score, res.score),
+        _pick(take, alt_distance.to(res.distance), res.distance),
         res.history,
+        _pick(take_u, alt.x_unrefined, res.x_unrefined),
+        _pick(take_u, alt_unrefined, res.score_unrefined),
     )
     return res, int(take.sum())
+
+
+def _pick(take: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a`` where ``take`` (one flag per point), else ``b``."""
+    return torch.where(take.view(-1, *[1] * (a.ndim - 1)).to(a.device), a, b)
 
 
 def _scores_at(method, x, batch_size=None) -> torch.Tensor:
@@ -134,7 +173,9 @@ def _scored_once_more(method, res: AttackResult, batch_size=None) -> AttackResul
     if not len(res.x):
         return res
     score = _scores_at(method, res.x, batch_size).to(res.score)
-    return AttackResult(res.x, score, res.distance, res.history)
+    same = res.x_unrefined is res.x or bool((res.x_unrefined == res.x).all())
+    unrefined = score if same else _scores_at(method, res.x_unrefined, batch_size).to(score)
+    return AttackResult(res.x, score, res.distance, res.history, res.x_unrefined, unrefined)
 
 
 @dataclass
@@ -213,7 +254,8 @@ class AdversarialResult:
 
 def attack_key(balls: Balls, config: dict, prof: Profile, seed: int) -> str:
     """What identifies one method's attack: the balls, the method's run (config key and files)
-    and the attack's budget, step (:data:`TABLE1_GRADIENT`) and seed (the chunking is not part
+    and the attack's budget, step (:data:`TABLE1_GRADIENT`), refinement
+    (:func:`table1_refine_steps`) and seed (the chunking is not part
     of it: it does not change the attack); ``config``: the run's ``config.json``. A method whose
     score draws noise has its points scored once more (:func:`attack_method`), which its key
     says: an attack saved before that is not reused."""
@@ -221,6 +263,7 @@ def attack_key(balls: Balls, config: dict, prof: Profile, seed: int) -> str:
     return digest(
         balls.key, store.config_key(config), config.get("files"), prof.attack_steps,
         prof.attack_restarts, seed, TABLE1_GRADIENT, *once_more,
+        *((f"refined {table1_refine_steps(prof)}",) if table1_refine_steps(prof) else ()),
     )  # fmt: skip
 
 
@@ -275,6 +318,7 @@ def attack_in_balls(
         res, won = attack_method(
             m, centres, radii, balls.metric.to(m.device), prof.attack_steps,
             prof.attack_restarts, seed, batch_size=attack_batch, gradient=TABLE1_GRADIENT,
+            refine_steps=table1_refine_steps(prof),
         )  # fmt: skip
         worst = res.score.detach().cpu().double().numpy()
         bad = np.flatnonzero(~np.isfinite(worst))
@@ -296,7 +340,11 @@ def attack_in_balls(
             MAX_DISTANCE_OVER_RADIUS: float(ratio.max()),
             SEEDS_WON_BY_SURROGATE: won,
             ATTACK_GRADIENT: TABLE1_GRADIENT,
+            REFINE_STEPS: table1_refine_steps(prof),
         }
+        unrefined = res.score_unrefined.detach().cpu().double().numpy()
+        row[SR_PAPER_ATTACK] = ev.success_rate(unrefined, test_scores)
+        row[AUC_PAPER_ATTACK] = ev.attack_auc(test_scores, unrefined)
     else:  # no certified ball: nothing to attack
         worst = np.zeros(0)
         worst_x = np.zeros((0, *centres.shape[1:]), dtype=np.float32)
@@ -334,8 +382,9 @@ PEAK_STEPS = 40
 def density_peaks(model, centres, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)) -> torch.Tensor:
     """Per ball ``d(x, centre) <= R`` (and the box), a point where the in-density is high and
     one where the confidence is high: projected ascent of ``log p_in`` from the centre in
-    whitened coordinates (float64, as :func:`ccu.core.density_check.check_density` does), then ascent
-    on the model's confidence from that point. Returns ``(2N, ...)``: the ends of both ascents
+    whitened coordinates (float64, as :func:`ccu.core.density_check.check_density` does), then
+    ascent from that point on what the confidence rises with (``log p_in - log p_out`` plus the
+    classifier's top log-probability; the confidence itself is flat at 1/M far from the data). Returns ``(2N, ...)``: the ends of both ascents
     (the first N, then the second N), always inside their balls and the box.
 
     A density whose upper bound is too small is found here: its bound certifies balls around
@@ -347,6 +396,7 @@ def density_peaks(model, centres, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)
     x0 = centres.reshape(len(centres), -1).to(W.device, torch.float64)
     r = radii.to(W.device, torch.float64)[:, None]
     dens = copy.deepcopy(model.density_in).double().eval()
+    dens_out = copy.deepcopy(model.density_out).double().eval()
 
     def project(x):  # into the box, then towards the centre into the ball: inside both
         if box is not None:
@@ -354,15 +404,19 @@ def density_peaks(model, centres, radii, steps: int = PEAK_STEPS, box=(0.0, 1.0)
         norm = ((x - x0) @ W).norm(dim=1, keepdim=True)
         return x0 + (x - x0) * torch.where(norm > r, r * (1 - 1e-9) / norm.clamp_min(1e-300), 1.0)
 
-    def log_confidence(w):
+    def confidence_driver(w):
+        # log p_in - log p_out + the classifier's top log-probability, in float64: what the
+        # confidence rises with; far from the data the confidence is 1/M to the last bit and
+        # its own gradient is 0 (an ascent on it never left its start)
         x = (w @ W_inv).to(torch.get_default_dtype()).reshape(len(w), *shape)
-        return model(x).max(dim=1).values
+        top = torch.log_softmax(model.logits(x), dim=1).max(dim=1).values.double()
+        return dens.log_prob_whitened(w) - dens_out.log_prob_whitened(w) + top
 
     # first step: a quarter of the ball, at most the centre's distance to the box's far side
     far = x0 if box is None else torch.where(x0 < (box[0] + box[1]) / 2, box[1], box[0])
     first = torch.minimum(r, ((far - x0) @ W).norm(dim=1, keepdim=True)) / 4
     ends, x = [], x0
-    for objective in (dens.log_prob_whitened, log_confidence):
+    for objective in (dens.log_prob_whitened, confidence_driver):
         step = first.clone()
         for _ in range(steps):  # normalised gradient steps, kept where they go up (backtracking)
             w = (x @ W).detach().requires_grad_(True)

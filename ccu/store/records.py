@@ -142,6 +142,10 @@ SEEDS_WON_BY_SURROGATE = "seeds_won_by_surrogate"
 #: how the attack's PGD steps used the gradient (:data:`ccu.core.attacks.GRADIENTS`); a row without
 #: it is from the earlier attack, whose steps were unit directions ("normalised")
 ATTACK_GRADIENT = "attack_gradient"
+#: the refining steps after the paper's attack (:func:`ccu.core.attacks.ball_attack`'s
+#: ``refine_steps``; a row without it had none), and SR and AUC of the paper's attack alone
+REFINE_STEPS = "refine_steps"
+SR_PAPER_ATTACK, AUC_PAPER_ATTACK = "sr_paper_attack", "auc_paper_attack"
 #: certified centres attacked, and the attack's wall time
 N_ATTACKED = "n_attacked"
 ATTACK_SECONDS = "attack_seconds"

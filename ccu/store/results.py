@@ -78,24 +78,24 @@ CONFIG_KEYS = (
     "ccu_version",
     "precision",
 )
-#: Earlier library versions whose results follow the same protocol as this one (networks,
-#: settings, data, attack), with what differs. Committed reference results may come from these;
-#: saved runs are still retrained, since ``ccu_version`` is part of the config key.
-RESULT_COMPATIBLE_VERSIONS = {
+#: What changed in the results after each earlier version (oldest first): an entry is what its
+#: next version changed. Results of these versions follow the same protocol as this one
+#: (networks, settings, data, attack) up to the changes from theirs on.
+RESULT_CHANGES_AFTER = {
     "0.3.0": (
         "the host-fed training pipeline: the same crops and flips drawn as another random "
         "stream (also for the metric's augmented sample); MCD's prediction and score from "
         "separate dropout passes"
     ),
+    "0.4.0": (
+        "certificates with float32 log normalisers and expanded distances (radii up to ~1e-7 "
+        "relative off, some slightly too large); now float64 throughout, with a rounding margin"
+    ),
     "0.5.0": (
         "Table 1's AUC counted a tie as a failure (the paper: one half; said under each grid), "
         "MCD's worst scores were the best of many noisy draws, ODIN's test error came from its "
         "pre-processed input, the float64 forward pass expanded its distances, the GAUC with "
-        "ties one half compared float32 confidences (not shown); ACET's inner attack started at "
-        "a random point of its ball, GAN kept its learning rates, MCD and GAN trained VGG13 on "
-        "MNIST under paper, MCD's LeNet had two dropouts, ODIN's and Maha's pre-processing left "
-        "[0, 1]; OOD sets were the first images of "
-        "their files and training noise shared the Uniform set's seed"
+        "ties one half compared float32 confidences (not shown)"
     ),
     "0.6.0": (
         "ACET's inner attack started at a random point of its ball, GAN kept its learning rates, "
@@ -103,10 +103,18 @@ RESULT_COMPATIBLE_VERSIONS = {
         "and Maha's pre-processing left [0, 1]; OOD sets were the first images of their files "
         "and training noise shared the Uniform set's seed"
     ),
-    "0.4.0": (
-        "certificates with float32 log normalisers and expanded distances (radii up to ~1e-7 "
-        "relative off, some slightly too large); now float64 throughout, with a rounding margin"
+    "0.7.0": (
+        "Table 1's attack ended where the paper's steps stall on the box's faces (no refining "
+        "steps: SR can be lower, AUC higher) and CCU's own attack never left its centres"
     ),
+}
+#: Earlier library versions whose results follow the same protocol as this one, with all that
+#: differs since (:data:`RESULT_CHANGES_AFTER` from each on). Committed reference results may
+#: come from these; saved runs are still retrained, since ``ccu_version`` is part of the config
+#: key.
+RESULT_COMPATIBLE_VERSIONS = {
+    version: "; ".join(list(RESULT_CHANGES_AFTER.values())[i:])
+    for i, version in enumerate(RESULT_CHANGES_AFTER)
 }
 #: the value a key has in configs written before it existed
 CONFIG_DEFAULTS = {"precision": "float32"}

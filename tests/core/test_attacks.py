@@ -1,6 +1,9 @@
+import numpy as np
 import pytest
 import torch
 from helpers import random_metric
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ccu
 
@@ -79,3 +82,60 @@ def test_images_keep_their_shape_and_bad_inputs():
         ccu.ball_attack(lambda x: x.sum(1), torch.rand(2, 4), -1.0, metric)
     with pytest.raises(ValueError, match="one score per input"):
         ccu.ball_attack(lambda x: x, torch.rand(2, 4), 0.5, metric, steps=1)
+
+
+def _mnist_balls(n: int):
+    """The first ``n`` certified balls of the committed MNIST attack (its float64 metric)."""
+    from ccu.report.tables import REFERENCE_RESULTS
+
+    a = np.load(REFERENCE_RESULTS / "paper" / "mnist" / "balls.npz")
+    metric = ccu.Mahalanobis(
+        torch.from_numpy(a["eigenvalues"]), torch.from_numpy(a["eigenvectors"])
+    )
+    centres = torch.from_numpy(a["centres"])[:n].reshape(n, -1).float()
+    return centres, torch.from_numpy(a["radii"])[:n], metric
+
+
+def test_the_refinement_leaves_the_box_faces_where_the_papers_steps_stall():
+    # the paper's whitened step, clipped to the box, stops at ~0.4 of the radius on a linear
+    # score in MNIST's balls (most pixels on a bound: the clipped step goes down at every size)
+    centres, radii, metric = _mnist_balls(4)
+    a = torch.randn(784, generator=torch.Generator().manual_seed(0))
+
+    def score(x):
+        return x.reshape(len(x), -1) @ a
+
+    kw = dict(steps=100, restarts=5, seed=1, batch_size=64)
+    paper = ccu.ball_attack(score, centres, radii, metric, **kw)
+    refined = ccu.ball_attack(score, centres, radii, metric, refine_steps=100, **kw)
+    torch.testing.assert_close(refined.score_unrefined, paper.score)
+    assert bool((paper.distance < 0.5 * radii).all())  # stalled inside
+    assert bool((refined.score > 2 * paper.score).all())  # 2.3-2.8x here
+    assert bool((refined.distance > 0.99 * radii).all())  # up to the ball's surface
+    x = refined.x.reshape(4, -1)
+    assert bool((x >= 0).all()) and bool((x <= 1).all())
+    d64 = metric.whiten(x.double() - centres.double()).norm(dim=1)
+    assert bool((d64 <= radii).all())
+    torch.testing.assert_close(refined.score, score(refined.x))
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), d=st.integers(2, 8))
+def test_the_refinement_never_loses_what_the_papers_steps_found(seed, d):
+    gen = torch.Generator().manual_seed(seed)
+    metric = random_metric(gen, d, 3.0)
+    centres = torch.rand(3, d, generator=gen)
+    radii = 0.5 + 3 * torch.rand(3, generator=gen, dtype=torch.float64)
+    q = torch.randn(d, d, generator=gen)
+
+    def score(x):  # a bumpy score with local maxima
+        return torch.sin(3 * x @ q).sum(1) + (x @ q).pow(2).sum(1) / d
+
+    res = ccu.ball_attack(score, centres, radii, metric, steps=10, restarts=2, seed=seed,
+                          refine_steps=20)  # fmt: skip
+    assert bool((res.score >= res.score_unrefined).all())
+    assert bool((res.x >= 0).all()) and bool((res.x <= 1).all())
+    assert bool((metric.whiten(res.x.double() - centres.double()).norm(dim=1) <= radii).all())
+    assert bool(
+        (metric.whiten(res.x_unrefined.double() - centres.double()).norm(dim=1) <= radii).all()
+    )

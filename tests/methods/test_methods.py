@@ -215,6 +215,30 @@ def test_attack_uses_the_surrogate_and_judges_by_the_true_score():
         assert get_method(name).attack_surrogate is not ccu.methods.base.Method.attack_surrogate
 
 
+class _FlatScore(_SteppedScore):
+    """A score that is one constant in the balls (CCU's confidence, 1/M to the last bit far from
+    the data); its surrogate, the pixel sum, is not."""
+
+    name = "Flat"
+
+    def score(self, x):
+        return torch.zeros(len(x)) + 0.0 * x.flatten(1).sum(1)
+
+
+def test_a_tie_in_the_true_score_is_broken_by_the_surrogate():
+    from ccu.core.metric import Mahalanobis
+
+    seeds = torch.full((5, 1, 4, 4), 0.3)
+    radii = torch.full((5,), 2.0, dtype=torch.float64)
+    metric = Mahalanobis.identity(16)
+    res, won = adversarial_noise.attack_method(_FlatScore(), seeds, radii, metric, 20, 2)
+    assert won == 5  # the surrogate's points, not the untouched centres
+    assert bool((res.distance > 1.9).all()) and bool((res.distance <= 2.0).all())
+    torch.testing.assert_close(
+        res.distance.double(), (res.x - seeds).flatten(1).norm(dim=1).double()
+    )
+
+
 def test_vgg13_for_the_paper_profile_methods():
     """The paper gives MCD and GAN a VGG where the others train a ResNet18 ("LeNet on MNIST and
     a Resnet18 (for GAN and MCD we use VGG) otherwise"); the `paper` profile does too, and

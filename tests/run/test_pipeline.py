@@ -106,6 +106,11 @@ def test_adversarial_noise_table1(digits_runs):
     worst_ccu = np.exp(adv.worst_score["CCU"])
     assert (worst_ccu <= adv.bound[ok] + 1e-6).all()
     assert adv.methods["Base"]["SR"] >= adv.methods["CCU"]["SR"]
+    # CCU's attack leaves its centres (its float32 confidence is flat there; the surrogate climbs)
+    assert adv.methods["CCU"]["max_distance_over_radius"] > 0.5
+    base = adv.methods["Base"]  # the refinement only adds: SR up, AUC down, from the paper's
+    assert base["refine_steps"] > 0 and base["SR"] >= base["sr_paper_attack"]
+    assert base["AUC"] <= base["auc_paper_attack"]
     for name, r in adv.methods.items():
         x = adv.worst_x[name]
         assert len(x) == r["n_attacked"] == s["n_certified"]
