@@ -70,7 +70,7 @@ COST_S = {
     "Maha": (11, 50),
     "EDL": (295, 65),
     "OE": (205, 65),
-    "CCU": (465, 75),
+    "CCU": (465, 130),  # 76 measured; + a second attack since 0.8.0 (on its density ratio, ~55)
     "DE": (250, 100),  # its five members at once, each in a process of its own
     "MCD": (200, 290),  # on LeNet since 0.7.0 (VGG13_COST_S before): Base's training; its attack
     "GAN": (450, 80),  # seven LeNet passes a step (~5x Base's); GAN's step ~3 LeNet passes: guesses

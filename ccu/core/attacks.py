@@ -352,7 +352,7 @@ def ball_attack(
     on a bound and point out (:func:`_refine`). The paper's step, clipped to the box, stalls
     once most pixels sit on a bound: the clipped step then lowers the score at every size and
     backtracking halves it forever (a linear score stopped at 0.4 of the radius in MNIST's
-    balls; refined, it reaches the ball's surface at 2.3-2.7 times the score). The refinement
+    balls; refined, it reaches the ball's surface at 2.3-2.8 times the score). The refinement
     only ever keeps a better point; ``score_unrefined`` keeps what the paper's attack reached.
     """
     x0 = as_tensor(x0, "x0")
@@ -447,7 +447,13 @@ def ball_attack(
         xu, su = xf, sf
         if refine_steps:
             xb, sb = _refine(evaluate, xf, sf, flat0, radius, metric, box, refine_steps, history)
-            xf, sf, dist = exactly_inside(xb, sb)
+            xr, sr, dr = exactly_inside(xb, sb)
+            # made exactly feasible, a refined point can score below where it started (or go
+            # back to its seed): the unrefined point then stays
+            keep = sr >= su
+            xf = torch.where(keep[:, None], xr, xu)
+            sf = torch.where(keep, sr, su)
+            dist = torch.where(keep.to(dr.device), dr, dist)
     return AttackResult(
         xf.reshape(n, *shape), sf, dist, torch.stack(history), xu.reshape(n, *shape), su
     )

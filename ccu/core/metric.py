@@ -136,11 +136,15 @@ class Mahalanobis(nn.Module):
         if master.dtype == like.dtype and master.device == like.device:
             return master
         # A cast is reused only for the very master it was made from (held here, so that no
-        # new buffer can take its address) at the same version (an in-place edit bumps it).
+        # new buffer can take its address) at the same version (an in-place edit bumps it; an
+        # inference tensor has no version counter, and outside inference mode no edit either).
         key = (name, like.dtype, like.device)
+        version = None if master.is_inference() else master._version
         held = self._cache.get(key)
-        if held is None or held[0] is not master or held[1] != master._version:
-            held = (master, master._version, master.to(dtype=like.dtype, device=like.device))
+        if held is None or held[0] is not master or held[1] != version:
+            # casts of replaced masters go (they held the old buffers alive)
+            self._cache = {k: v for k, v in self._cache.items() if v[0] is getattr(self, k[0])}
+            held = (master, version, master.to(dtype=like.dtype, device=like.device))
             self._cache[key] = held
         return held[2]
 

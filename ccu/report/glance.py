@@ -31,6 +31,7 @@ from ccu.store.records import (
     DEVICE_NAME,
     METHOD_ORDER,
     METHODS,
+    REFINE_STEPS,
     SR,
     TE,
     Metrics,
@@ -370,14 +371,25 @@ def run_title(run: dict) -> str:
 
 
 def attack_step_words(run: dict) -> str:
-    """How a run's Table 1 attack stepped (:data:`ccu.report.tables.PGD_STEP_WORDS`): the rows of its
-    ``table1.json`` say it (``attack_gradient``); rows without it are from the earlier attack,
-    with unit steps; ``—`` for a run without Table 1."""
+    """How a run's Table 1 attack stepped (:data:`ccu.report.tables.PGD_STEP_WORDS`), and its
+    refining steps where it took them: the rows of its ``table1.json`` say it
+    (``attack_gradient``, ``refine_steps``); rows without the first are from the earlier
+    attack, with unit steps; ``—`` for a run without Table 1.
+
+    >>> attack_step_words({"table1": {"methods": {"Base": {"attack_gradient": "raw",
+    ...     "refine_steps": 500}}}})
+    "the paper's: step x gradient, then 500 refining steps along the box's faces"
+    """
     rows = run.get("table1", {}).get(METHODS, {})
     if not rows:
         return MISSING
     steps = sorted({row.get(ATTACK_GRADIENT, "normalised") for row in rows.values()})
-    return "; ".join(report.PGD_STEP_WORDS.get(s, s) for s in steps)
+    words = "; ".join(report.PGD_STEP_WORDS.get(s, s) for s in steps)
+    refine = sorted({int(row.get(REFINE_STEPS, 0)) for row in rows.values()})
+    if any(refine):
+        counts = " or ".join(str(n) for n in refine)
+        words += f", then {counts} refining steps along the box's faces"
+    return words
 
 
 def out_words(config: dict) -> str:

@@ -84,7 +84,8 @@ def table1_refine_steps(prof: Profile) -> int:
     """Table 1's refining steps after the paper's attack (``refine_steps`` of
     :func:`ccu.core.attacks.ball_attack`): as many as each restart's steps, from each centre's
     best point (1/restarts of the attack's cost). The paper's steps stall on the box's faces;
-    the row keeps SR and AUC of the paper's attack alone beside them."""
+    the row keeps SR and AUC before the refinement beside them (``sr_paper_attack``: the
+    paper's steps, on the score and, for a method with one, on its surrogate)."""
     return prof.attack_steps
 
 
@@ -173,8 +174,12 @@ def _scored_once_more(method, res: AttackResult, batch_size=None) -> AttackResul
     if not len(res.x):
         return res
     score = _scores_at(method, res.x, batch_size).to(res.score)
-    same = res.x_unrefined is res.x or bool((res.x_unrefined == res.x).all())
-    unrefined = score if same else _scores_at(method, res.x_unrefined, batch_size).to(score)
+    # a point the refinement left as it was keeps the one draw (two draws of one point differ)
+    same = (res.x_unrefined == res.x).flatten(1).all(dim=1)
+    unrefined = score.clone()
+    if not bool(same.all()):
+        moved = ~same
+        unrefined[moved] = _scores_at(method, res.x_unrefined[moved], batch_size).to(score)
     return AttackResult(res.x, score, res.distance, res.history, res.x_unrefined, unrefined)
 
 

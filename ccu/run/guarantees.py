@@ -130,8 +130,9 @@ def certify_sets(
         }
         if name != "test":
             row[CERTIFIED_AUC] = ev.strict_auc(conf_in, bound.numpy())
-            clean_out = float64_confidence(model, x, batch).cpu().numpy()
-            row[CLEAN_AUC_STRICT] = ev.strict_auc(conf_in, clean_out)
+            if given == CONFIDENCE_IN_FLOAT64:  # both sides the float64 model's
+                clean_out = float64_confidence(model, x, batch).cpu().numpy()
+                row[CLEAN_AUC_STRICT] = ev.strict_auc(conf_in, clean_out)
             for p, eps_values, key in ((math.inf, eps_inf, GAUC_INF), (2, eps_2, GAUC_2)):
                 bounds = lp_bounds(model, x, eps_values, p, batch)
                 row[key] = {

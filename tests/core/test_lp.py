@@ -233,3 +233,23 @@ def test_the_float32_cast_of_the_metric_follows_an_in_place_edit():
     with torch.no_grad():
         metric.whitening.mul_(3.0)
     assert torch.allclose(metric.whiten(x), 3 * before, rtol=1e-5)
+
+
+def test_the_metric_works_on_tensors_made_in_inference_mode():
+    with torch.inference_mode():  # no version counter on these tensors
+        model = random_ccu(1, d=3)
+        conf = model.confidence(torch.rand(4, 3))
+    assert conf.shape == (4,)
+
+
+def test_the_metric_drops_the_casts_of_a_replaced_buffer():
+    import gc
+    import weakref
+
+    metric = random_metric(torch.Generator().manual_seed(5), 5)
+    metric.whiten(torch.rand(2, 5))  # a float32 cast of the float64 master, cached
+    old = weakref.ref(metric.whitening)
+    metric.float()  # new float32 masters
+    metric.whiten(torch.rand(2, 5, dtype=torch.float64))  # a cast of the new master
+    gc.collect()
+    assert old() is None  # the old master is not held by its cast's entry

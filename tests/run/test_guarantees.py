@@ -49,8 +49,11 @@ def test_certify_sets_follows_the_definitions():
     b = ccu.lp_confidence_bound(model, sets["far"], 0.5).numpy()
     assert f["gauc_inf"]["0.5"]["gauc"] == pytest.approx(lp.guaranteed_auc(conf_in, b, "half"))
     assert f["gauc_inf"]["0.5"]["gauc_strict"] == pytest.approx(ev.strict_auc(conf_in, b))
+    assert "clean_auc_strict" not in f  # given confidences: not the float64 model's, no clean AUC
+    own = guarantees.certify_sets(model, sets, None, eps_inf=(0.5,), eps_2=(1.0,))
+    conf64 = ccu.core.bounds.float64_confidence(model, sets["test"]).numpy()
     clean = ccu.core.bounds.float64_confidence(model, sets["far"]).numpy()
-    assert f["clean_auc_strict"] == pytest.approx(ev.strict_auc(conf_in, clean))
+    assert own["sets"]["far"]["clean_auc_strict"] == pytest.approx(ev.strict_auc(conf64, clean))
     b2 = ccu.lp_confidence_bound(model, sets["far"], 1.0, p=2).numpy()
     assert f["gauc_2"]["1"]["gauc"] == pytest.approx(lp.guaranteed_auc(conf_in, b2, "half"))
     assert out["kappa_inf"]["lower"] <= out["kappa_inf"]["upper"]

@@ -621,6 +621,8 @@ def test_base_runs_in_the_first_call_even_where_its_whole_lane_does_not(
     estimates)."""
     monkeypatch.setattr(lease, "DEVDATA", tmp_path / "devdata")
     monkeypatch.setattr(lease, "init_dir", lambda dataset: tmp_path / "init" / dataset)
+    # CCU's costs before its second attack (0.8.0), under which Base's lane was cut here
+    monkeypatch.setitem(lease.COST_S, "CCU", (465, 75))
     for k in (1, 2):  # FMNIST's data: two parts, two data calls
         (tmp_path / "devdata" / "fmnist" / f"part-{k}").mkdir(parents=True)
     plan = ["plan", "--dataset", "fmnist", "--reference", str(tmp_path / "ref"), "--jobs", "5",

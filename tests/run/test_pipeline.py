@@ -260,3 +260,23 @@ def test_a_noisy_scores_worst_points_are_scored_once_more():
     biased, _ = noise.attack_method(Noise(), centres, radii, metric, steps=30, restarts=5)
     assert float(biased.score.mean()) > 2.0
     assert get_method("MCD").stochastic_score and not get_method("Base").stochastic_score
+
+
+def test_a_noisy_score_keeps_one_draw_where_the_refinement_left_the_point():
+    class Noisy:  # the pixel sum, noisy: the refinement moves some centres, not others
+        device, stochastic_score = torch.device("cpu"), True
+
+        def score(self, x):
+            flat = x.reshape(len(x), -1)
+            return flat.sum(1) + 0.05 * torch.randn(len(x), dtype=x.dtype)
+
+        def attack_surrogate(self):
+            return None
+
+    metric = ccu.Mahalanobis.identity(4)
+    centres = torch.cat([torch.full((20, 4), 0.5), torch.ones(20, 4)])  # the last at the top
+    radii = torch.full((40,), 0.3, dtype=torch.float64)
+    res, _ = noise.attack_method(Noisy(), centres, radii, metric, 5, 2, refine_steps=5)
+    same = (res.x_unrefined == res.x).flatten(1).all(dim=1)
+    assert bool(same.any()) and not bool(same.all())
+    torch.testing.assert_close(res.score[same], res.score_unrefined[same], rtol=0, atol=0)
