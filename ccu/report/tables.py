@@ -530,19 +530,28 @@ def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
         sel = t1[(t1.dataset == paper) & (t1.method == check["method"])].set_index("metric").value
         for budget, found in check["budgets"].items():
             scale = found.get("radius_scale", 1.0)
-            rows.append({
-                "method": check["method"] + trained_words(check.get("method_overrides", {})),
-                "run": f"{check['dataset']} ({check['profile']})",
-                "centres": check["n_centres"],
-                "budget (restarts x steps)": budget.split()[0].replace("x", " x "),
-                "PGD step": PGD_STEP_WORDS[found.get("gradient", "normalised")],
-                "ball": "certified" if scale == 1 else f"{scale:g} x certified radius",
-                SR: 100 * found[SR],
-                AUC: 100 * found[AUC],
-                "AUC: a tie": "one half" if AUC_TIES in found else "a failure",  # see below
-                f"paper {SR}": sel.get(SR, np.nan),
-                f"paper {AUC}": sel.get(AUC, np.nan),
-            })  # fmt: skip
+            step = PGD_STEP_WORDS[found.get("gradient", "normalised")]
+            # a check that refined (0.8.0 on): the paper's steps alone, then with the refinement
+            variants = [(step, found[SR], found[AUC])]
+            if found.get(REFINE_STEPS):
+                variants = [
+                    (step, found[SR_PAPER_ATTACK], found[AUC_PAPER_ATTACK]),
+                    (f"{step}, then {found[REFINE_STEPS]} refining steps", found[SR], found[AUC]),
+                ]
+            for words, sr, auc in variants:
+                rows.append({
+                    "method": check["method"] + trained_words(check.get("method_overrides", {})),
+                    "run": f"{check['dataset']} ({check['profile']})",
+                    "centres": check["n_centres"],
+                    "budget (restarts x steps)": budget.split()[0].replace("x", " x "),
+                    "PGD step": words,
+                    "ball": "certified" if scale == 1 else f"{scale:g} x certified radius",
+                    SR: 100 * sr,
+                    AUC: 100 * auc,
+                    "AUC: a tie": "one half" if AUC_TIES in found else "a failure",  # see below
+                    f"paper {SR}": sel.get(SR, np.nan),
+                    f"paper {AUC}": sel.get(AUC, np.nan),
+                })  # fmt: skip
     # one method's checks together, its larger sample first (files are read by name)
     table = pd.DataFrame(rows)
     if table.empty:

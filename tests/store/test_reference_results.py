@@ -209,3 +209,18 @@ def test_gans_gap_is_neither_the_short_training_nor_the_network():
     assert thirty.AUC > ten.AUC
     vgg = gan.loc["GAN (VGG13)"]  # on a VGG13: fooled all the same
     assert vgg.SR == 100.0
+
+
+def test_a_refined_budget_check_shows_the_papers_steps_and_the_refinement(tmp_path):
+    (tmp_path / "checks").mkdir()
+    found = {"SR": 0.9, "AUC": 0.6, "auc_ties": "one half", "gradient": "raw",
+             "refine_steps": 500, "sr_paper_attack": 0.5, "auc_paper_attack": 0.8}  # fmt: skip
+    check = {"dataset": "mnist-offline", "profile": "cpu", "method": "OE", "n_centres": 20,
+             "budgets": {"50x500": found}}  # fmt: skip
+    (tmp_path / "checks" / "oe.json").write_text(json.dumps(check))
+    table = report.attack_budget_checks(tmp_path)
+    assert list(table["PGD step"]) == [
+        "the paper's: step x gradient",
+        "the paper's: step x gradient, then 500 refining steps",
+    ]
+    assert list(table.SR) == [50.0, 90.0] and list(table.AUC) == [80.0, 60.0]
