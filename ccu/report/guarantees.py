@@ -230,4 +230,11 @@ def field_display(field):
     out["GAUC, ties lose"] = field.GAUC_strict
     out["GAUC, ties 1/2"] = field.GAUC
     out["network"] = field.network
+    out.attrs["abbreviations"] = {
+        "AUC": "AUC: area under the ROC curve, the in-distribution test set against the OOD set",
+        "GAUC": (
+            "GAUC: the same against the upper bounds of the confidence over the l_inf balls of "
+            "radius eps_inf around the OOD points"
+        ),
+    }
     return out

@@ -367,10 +367,12 @@ def _labels(table: pd.DataFrame) -> list[str]:
 
 
 def legend(table: pd.DataFrame) -> str:
-    """The definitions of the :data:`ABBREVIATIONS` that ``table``'s labels use ("" if none)."""
+    """The definitions of the :data:`ABBREVIATIONS` that ``table``'s labels use ("" if none);
+    a table's own ``attrs["abbreviations"]`` replace them where its words mean other things."""
     words = {w.strip("()[],:") for label in _labels(table) for w in label.split()}
     words |= {ch for label in _labels(table) for ch in "#%" if ch in label}
-    used = [text for key, text in ABBREVIATIONS.items() if key in words]
+    defined = {**ABBREVIATIONS, **table.attrs.get("abbreviations", {})}
+    used = [text for key, text in defined.items() if key in words]
     return "; ".join(used) + "." if used else ""
 
 

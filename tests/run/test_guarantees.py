@@ -124,6 +124,8 @@ def test_the_committed_field_table_puts_ours_beside_good():
     good_row = display[(display.method == "GOOD80") & (display.ood_set == "FMNIST")].iloc[0]
     assert np.isnan(good_row["GAUC, ties 1/2"]) and good_row["GAUC, ties lose"] == 55.5
     assert np.isnan(good_row["AUC, ties 1/2"]) and good_row["AUC, ties lose"] == 99.8
+    words = report.legend(display)  # the field's AUC is against OOD sets, not adversarial noise
+    assert "against the OOD set" in words and "GAUC:" in words and "adversarial" not in words
     ours_shown = display[display.source.str.startswith("ours")]
     assert (ours_shown["GAUC, ties lose"] == ours.GAUC_strict).all()
     g = shown.committed_guarantees()["CCU mnist (cpu)"]
