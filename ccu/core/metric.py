@@ -136,10 +136,12 @@ class Mahalanobis(nn.Module):
         if master.dtype == like.dtype and master.device == like.device:
             return master
         # A cast is reused only for the very master it was made from (held here, so that no
-        # new buffer can take its address) at the same version (an in-place edit bumps it; an
-        # inference tensor has no version counter, and outside inference mode no edit either).
-        key = (name, like.dtype, like.device)
-        version = None if master.is_inference() else master._version
+        # new buffer can take its address) at the same version (an in-place edit bumps it).
+        if master.is_inference():  # no version counter to tell an edit: cast afresh
+            return master.to(dtype=like.dtype, device=like.device)
+        # a cast made in inference mode is an inference tensor: no graph may save it
+        key = (name, like.dtype, like.device, torch.is_inference_mode_enabled())
+        version = master._version
         held = self._cache.get(key)
         if held is None or held[0] is not master or held[1] != version:
             # casts of replaced masters go (they held the old buffers alive)

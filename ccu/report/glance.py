@@ -385,10 +385,11 @@ def attack_step_words(run: dict) -> str:
         return MISSING
     steps = sorted({row.get(ATTACK_GRADIENT, "normalised") for row in rows.values()})
     words = "; ".join(report.PGD_STEP_WORDS.get(s, s) for s in steps)
-    refine = sorted({int(row.get(REFINE_STEPS, 0)) for row in rows.values()})
-    if any(refine):
-        counts = " or ".join(str(n) for n in refine)
-        words += f", then {counts} refining steps along the box's faces"
+    refined = {m: int(r[REFINE_STEPS]) for m, r in rows.items() if r.get(REFINE_STEPS)}
+    if refined:
+        counts = " or ".join(str(n) for n in sorted(set(refined.values())))
+        which = "" if len(refined) == len(rows) else f" ({', '.join(refined)}; the others without)"
+        words += f", then {counts} refining steps along the box's faces{which}"
     return words
 
 

@@ -253,3 +253,24 @@ def test_the_metric_drops_the_casts_of_a_replaced_buffer():
     metric.whiten(torch.rand(2, 5, dtype=torch.float64))  # a cast of the new master
     gc.collect()
     assert old() is None  # the old master is not held by its cast's entry
+
+
+def test_a_cast_made_in_inference_mode_is_not_reused_by_an_attack():
+    model = random_ccu(1, d=3)
+    x0 = torch.full((2, 3), 0.5)
+    with torch.inference_mode():
+        model.confidence(x0)  # its float32 cast of the whitening is an inference tensor
+    radius = torch.tensor([0.1, 0.1], dtype=torch.float64)
+    res = ccu.ball_attack(
+        ccu.confidence_score(model), x0, radius, model.metric, steps=2, restarts=1
+    )
+    assert res.score.shape == (2,)
+
+
+def test_an_inference_metric_edited_in_inference_mode_is_cast_again():
+    with torch.inference_mode():
+        metric = ccu.Mahalanobis.identity(3)
+        x = torch.rand(2, 3)
+        before = metric.whiten(x)
+        metric.whitening.mul_(3.0)  # no version counter on inference tensors
+        torch.testing.assert_close(metric.whiten(x), 3 * before)

@@ -224,3 +224,35 @@ def test_a_refined_budget_check_shows_the_papers_steps_and_the_refinement(tmp_pa
         "the paper's: step x gradient, then 500 refining steps",
     ]
     assert list(table.SR) == [50.0, 90.0] and list(table.AUC) == [80.0, 60.0]
+
+
+def test_a_refined_projection_check_puts_ours_before_refining_beside_the_released_attack(tmp_path):
+    (tmp_path / "checks").mkdir()
+    exact = {"SR": 1.0, "AUC": 0.1, "refine_steps": 100, "sr_paper_attack": 0.6,
+             "auc_paper_attack": 0.4}  # fmt: skip
+    released = {"SR": 0.65, "AUC": 0.3, "share_outside_ball": 0.0, "max_distance_over_radius": 1.0}
+    check = {"dataset": "mnist-offline", "profile": "cpu", "n_centres": 20, "budget": "5x100",
+             "methods": {"OE": {"exact": exact, "released_style": released}}}  # fmt: skip
+    (tmp_path / "checks" / "projection-x.json").write_text(json.dumps(check))
+    row = report.projection_checks(tmp_path).iloc[0]
+    assert row["ours SR"] == 60.0 and row["ours SR, refined"] == 100.0
+    assert row["released attack SR"] == 65.0
+
+
+def test_refinement_words_name_the_methods_of_a_mixed_table():
+    from ccu.report import glance
+
+    table1 = {"methods": {
+        "Base": {"SR": 1.0, "AUC": 0.0, "attack_gradient": "raw"},  # attacked before 0.8.0
+        "OE": {"SR": 1.0, "AUC": 0.005, "attack_gradient": "raw", "refine_steps": 100,
+               "sr_paper_attack": 0.025, "auc_paper_attack": 0.712},
+        "ACET": {"SR": 0.5, "AUC": 0.50001, "attack_gradient": "raw", "refine_steps": 100,
+                 "sr_paper_attack": 0.5, "auc_paper_attack": 0.50002},  # equal as printed
+    }}  # fmt: skip
+    note = report.refinement_note(table1)
+    assert "(OE, ACET; the others without)" in note and "OE 2.5, 71.2" in note
+    assert "ACET 50.0" not in note
+    words = glance.attack_step_words({"table1": table1})
+    assert words.endswith(
+        "then 100 refining steps along the box's faces (OE, ACET; the others without)"
+    )
