@@ -416,18 +416,9 @@ def ball_attack(
             if gradient == "normalised":
                 gw = gw / gw.norm(dim=1, keepdim=True).clamp_min(1e-30)
             w_new = metric.whiten(x - seeds) + step[:, None] * gw
-            norm = w_new.norm(dim=1)
-            w_new = w_new * torch.where(norm > rad, rad / norm.clamp_min(1e-30), 1.0)[:, None]
-            cand = _feasible(seeds + metric.unwhiten(w_new), seeds, rad, metric, box)
-            s_new, g_new = evaluate(cand)
-            ok = s_new >= score
-            x = torch.where(ok[:, None], cand, x)
-            score = torch.where(ok, s_new, score)
-            grad = torch.where(ok[:, None], g_new, grad)
-            step = torch.where(ok, step * 1.1, step / 2.0)
-            better = score > best_s
-            best_x = torch.where(better[:, None], x, best_x)
-            best_s = torch.where(better, score, best_s)
+            x, score, grad, step, best_x, best_s = _backtracking_step(
+                evaluate, w_new, (x, score, grad, step, best_x, best_s), seeds, rad, metric, box
+            )
             history.append(best_s.view(n, R).max(1).values)
 
         per_seed = best_s.view(n, R)
@@ -457,6 +448,27 @@ def ball_attack(
     return AttackResult(
         xf.reshape(n, *shape), sf, dist, torch.stack(history), xu.reshape(n, *shape), su
     )
+
+
+def _backtracking_step(evaluate, w_new, state, seeds, rad, metric, box):
+    """One step of the attack's rule (appendix "Attack details"): the proposal ``w_new``
+    (whitened, from the seeds) into the ball, then the box (:func:`_feasible`); taken where the
+    score does not drop (step x1.1), else not (step /2). ``state``: ``(x, score, grad, step,
+    best_x, best_score)``, returned updated."""
+    x, score, grad, step, best_x, best_s = state
+    norm = w_new.norm(dim=1)
+    w_new = w_new * torch.where(norm > rad, rad / norm.clamp_min(1e-30), 1.0)[:, None]
+    cand = _feasible(seeds + metric.unwhiten(w_new), seeds, rad, metric, box)
+    s_new, g_new = evaluate(cand)
+    ok = s_new >= score
+    x = torch.where(ok[:, None], cand, x)
+    score = torch.where(ok, s_new, score)
+    grad = torch.where(ok[:, None], g_new, grad)
+    step = torch.where(ok, step * 1.1, step / 2.0)
+    better = score > best_s
+    best_x = torch.where(better[:, None], x, best_x)
+    best_s = torch.where(better, score, best_s)
+    return x, score, grad, step, best_x, best_s
 
 
 def _face_direction(grad, x, box):
@@ -489,18 +501,9 @@ def _refine(evaluate, x, score, seeds, rad, metric, box, steps, history):
         d = _face_direction(g, x, box)
         d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-30)
         w_new = metric.whiten(x - seeds + step[:, None] * d)
-        norm = w_new.norm(dim=1)
-        w_new = w_new * torch.where(norm > rad, rad / norm.clamp_min(1e-30), 1.0)[:, None]
-        cand = _feasible(seeds + metric.unwhiten(w_new), seeds, rad, metric, box)
-        s_new, g_new = evaluate(cand)
-        ok = s_new >= s
-        x = torch.where(ok[:, None], cand, x)
-        s = torch.where(ok, s_new, s)
-        g = torch.where(ok[:, None], g_new, g)
-        step = torch.where(ok, step * 1.1, step / 2.0)
-        better = s > best_s
-        best_x = torch.where(better[:, None], x, best_x)
-        best_s = torch.where(better, s, best_s)
+        x, s, g, step, best_x, best_s = _backtracking_step(
+            evaluate, w_new, (x, s, g, step, best_x, best_s), seeds, rad, metric, box
+        )
         history.append(best_s)
     return best_x, best_s
 
