@@ -133,11 +133,7 @@ def attack_method(
         alt_score = _pick(back, alt_unrefined, alt_refined)
         tie = alt_score == res.score
         if bool(tie.any()):  # broken by the surrogate
-            judge = batch_size or attack_batch_size(surrogate, alt_x[:1], len(alt_x))
-            with torch.no_grad():
-                up = torch.cat([surrogate(b) for b in alt_x.split(judge)]) > torch.cat(
-                    [surrogate(b) for b in res.x.split(judge)]
-                )
+            up = _values_at(surrogate, alt_x, batch_size) > _values_at(surrogate, res.x, batch_size)
             tie = tie & up
     take = (alt_score > res.score) | tie
     take_u = alt_unrefined > res.score_unrefined  # the paper's attack alone: the better of both
@@ -163,9 +159,15 @@ def _scores_at(method, x, batch_size=None) -> torch.Tensor:
     """``method``'s true score at the points ``x``, in batches of ``batch_size`` (``None``:
     :func:`ccu.core.attacks.attack_batch_size`), without a graph (ODIN's pre-processing
     enables its own gradient inside the score)."""
-    judge = batch_size or attack_batch_size(method.score, x[:1], len(x))
+    return _values_at(method.score, x, batch_size)
+
+
+def _values_at(fn, x, batch_size=None) -> torch.Tensor:
+    """``fn`` (a score or a surrogate) at the points ``x``, in batches of ``batch_size``
+    (``None``: :func:`ccu.core.attacks.attack_batch_size`), without a graph."""
+    judge = batch_size or attack_batch_size(fn, x[:1], len(x))
     with torch.no_grad():
-        return torch.cat([method.score(b) for b in x.split(judge)])
+        return torch.cat([fn(b) for b in x.split(judge)])
 
 
 def _scored_once_more(method, res: AttackResult, batch_size=None) -> AttackResult:

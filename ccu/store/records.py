@@ -504,7 +504,7 @@ RADIUS, INNER_L2_RADIUS, INNER_LINF_RADIUS = "radius", "inner_l2_radius", "inner
 GAUC_INF, GAUC_2 = "gauc_inf", "gauc_2"
 GAUC, GAUC_STRICT, MEDIAN_BOUND = "gauc", "gauc_strict", "median_bound"
 #: an OOD set's clean AUC with ties lost, of the float64 model's confidences (the test set's
-#: against the set's): what GOOD's published clean AUC counts (since 0.7.0; absent before)
+#: against the set's): what GOOD's published clean AUC counts (0.8.0 on; absent before)
 CLEAN_AUC_STRICT = "clean_auc_strict"
 #: which in-distribution confidences the AUCs compare with the bounds: "float64 model" (the
 #: model the bounds are about). A file without it compared the run's float32 scores: there the
