@@ -94,7 +94,7 @@ def provenance(ref: dict) -> dict:
 
 
 def _rows_table1(paper: str, ref: dict, method: str) -> list[tuple]:
-    t = report.paper_table("table1_adversarial_noise")
+    t = report.paper_table_with_acet2("table1_adversarial_noise")
     t = t[(t.dataset == paper) & (t.method == method)]
     methods = ref.get("table1", {}).get(METHODS, {})
     rows = []
@@ -109,7 +109,7 @@ def _pct(v):
 
 
 def _rows_ood(paper: str, ref: dict, table: str, metric: str, method: str) -> list[tuple]:
-    t = report.paper_table("table2_ood_auc" if metric == AUROC else "table_aupr")
+    t = report.paper_table_with_acet2("table2_ood_auc" if metric == AUROC else "table_aupr")
     t = t[(t.in_dataset == paper) & (t.method == method)]
     by_paper_name = {}
     for name, m in ref["metrics"].items():
@@ -236,7 +236,7 @@ def tie_headroom(
     strict = row.get(AUC_STRICT, row[AUC])
     out.update(n_worst=n, n_worst_at_zero=at_zero, auc=100 * strict)
     out["per_share"] = 100 * 0.5 * at_zero / n if n else nan
-    t1 = report.paper_table("table1_adversarial_noise")
+    t1 = report.paper_table_with_acet2("table1_adversarial_noise")
     paper = t1[(t1.dataset == report.PAPER_DATASET.get(dataset)) & (t1.method == method)]
     paper = paper[paper.metric == AUC].value
     if len(paper) and out["per_share"] > 0:
@@ -626,7 +626,7 @@ def noise_auroc_range(method: str = "CCU", root: Path | None = None) -> dict:
         for ood in ("noise", "uniform"):
             if ood in record.ood_sets():
                 value = 100 * record.value(ood, AUROC)
-                t = report.paper_table("table1_adversarial_noise")
+                t = report.paper_table_with_acet2("table1_adversarial_noise")
                 paper_te = t[(t.dataset == run["paper"]) & (t.method == method) & (t.metric == TE)]
                 te = (
                     100 * record.test_error,

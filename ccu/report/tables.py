@@ -55,11 +55,33 @@ def paper_table(name: str) -> pd.DataFrame:
         return pd.read_csv(f)
 
 
-def _acet2_paper(table: str, key_col: str, dataset: str, key: str) -> float:
-    """ACET2's value from the appendix table (``table_acet2_*``: one column per model)."""
-    t = paper_table(table)
-    row = t[(t[key_col] == PAPER_DATASET.get(dataset, "")) & (t.iloc[:, 1] == key)]
-    return float(row.ACET2.iloc[0]) if len(row) else np.nan
+#: per main table, the appendix table that holds ACET2's numbers (Table 5 beside Table 1, Table
+#: 4 beside Table 2: one column per model) and its two key columns
+_ACET2_TABLES = {
+    "table1_adversarial_noise": ("table_acet2_adversarial_noise", "dataset", "metric"),
+    "table2_ood_auc": ("table_acet2_ood_auc", "in_dataset", "ood_dataset"),
+}
+
+
+def paper_table_with_acet2(name: str) -> pd.DataFrame:
+    """:func:`paper_table` in its long form (one value a row), with ACET2's rows from the
+    appendix's table beside it (Tables 4 and 5) where the main table has none: ACET2 is not in
+    the paper's Tables 1 and 2, and without its appendix rows an ACET2 cell would show no paper
+    number. Other tables are returned as they are.
+
+    >>> t = paper_table_with_acet2("table1_adversarial_noise")
+    >>> t[(t.dataset == "SVHN") & (t.method == "ACET2")].set_index("metric").value.to_dict()
+    {'TE': 3.0, 'SR': 95.5, 'AUC': 5.4}
+    """
+    main = paper_table(name)
+    if name not in _ACET2_TABLES or "ACET2" in set(main.method):
+        return main
+    appendix, dataset_col, key_col = _ACET2_TABLES[name]
+    acet2 = paper_table(appendix)[[dataset_col, key_col, "ACET2"]].rename(
+        columns={"ACET2": "value"}
+    )
+    acet2["method"] = "ACET2"
+    return pd.concat([main, acet2[list(main.columns)]], ignore_index=True)
 
 
 def paper_ood_value(dataset: str, method: str, ood: str, metric: str = AUROC) -> float:
@@ -67,9 +89,7 @@ def paper_ood_value(dataset: str, method: str, ood: str, metric: str = AUROC) ->
     Table 2 (``auroc``; ACET2's from Table 4) or Table 6 (``aupr_in``); NaN where it has none.
     Looked up by the paper's names, whatever our row is labelled (a stand-in set's label says
     what stands in, e.g. "Imagenet- (Tiny ImageNet test)")."""
-    if method == "ACET2" and metric == AUROC:  # the appendix's ACET2 table
-        return _acet2_paper("table_acet2_ood_auc", "in_dataset", dataset, PAPER_OOD.get(ood))
-    paper = paper_table("table2_ood_auc" if metric == AUROC else "table_aupr")
+    paper = paper_table_with_acet2("table2_ood_auc" if metric == AUROC else "table_aupr")
     p = paper[
         (paper.in_dataset == PAPER_DATASET.get(dataset, ""))
         & (paper.ood_dataset == PAPER_OOD.get(ood))
@@ -218,7 +238,7 @@ def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
     ACET2's values from the paper's Table 5; chapter *Adversarial noise*
     (``book/adversarial_noise.ipynb``). The AUC counts a tie one half, as the paper's; a row
     attacked before counted it as a failure (:func:`ties_note` says which)."""
-    paper = paper_table("table1_adversarial_noise")
+    paper = paper_table_with_acet2("table1_adversarial_noise")
     paper = paper[paper.dataset == PAPER_DATASET.get(dataset, "")]
     data = {}
     for method in ordered(table1[METHODS]):
@@ -227,8 +247,6 @@ def attack_table(table1: dict, dataset: str) -> pd.DataFrame:
             p = paper[(paper.metric == metric) & (paper.method == method)]
             data.setdefault((method, "ours"), {})[metric] = 100 * r[metric]
             value = float(p.value.iloc[0]) if len(p) else np.nan
-            if method == "ACET2":  # the appendix's ACET2 table
-                value = _acet2_paper("table_acet2_adversarial_noise", "dataset", dataset, metric)
             data.setdefault((method, "paper"), {})[metric] = value
     return pd.DataFrame(data).round(1)
 
@@ -528,7 +546,7 @@ def attack_budget_checks(root: Path | None = None) -> pd.DataFrame:
     (chapter *Adversarial noise*: is a gap to the paper the reduced attack, or the method?). A
     method trained apart from its run's profile says how (:func:`trained_words`)."""
     folder = Path(root or REFERENCE_RESULTS) / "checks"
-    t1 = paper_table("table1_adversarial_noise")
+    t1 = paper_table_with_acet2("table1_adversarial_noise")
     rows = []
     for path in sorted(folder.glob("*.json")):
         check = json.loads(path.read_text())
@@ -618,7 +636,7 @@ def learning_curves(dataset: str, root: Path | None = None) -> pd.DataFrame:
     epoch and level with the test accuracy says the network is under-trained, not over-fitted
     nor broken (chapter *OOD detection*). Methods without training of their own (ODIN, Maha:
     Base's network) are left out; an ensemble's history is its last member's."""
-    t1 = paper_table("table1_adversarial_noise")
+    t1 = paper_table_with_acet2("table1_adversarial_noise")
     rows = []
     for name, ref in every_reference_run(root).items():
         if ref["dataset"] != dataset:
@@ -649,7 +667,8 @@ def epochs_checks(root: Path | None = None) -> pd.DataFrame:
     method, run and number of epochs its test error and AUROC per OOD set (%), with the paper's
     test error and AUROC beside them (chapter *OOD detection*: is a gap the short training?)."""
     folder = Path(root or REFERENCE_RESULTS) / "checks"
-    t1, t2 = paper_table("table1_adversarial_noise"), paper_table("table2_ood_auc")
+    t1 = paper_table_with_acet2("table1_adversarial_noise")
+    t2 = paper_table_with_acet2("table2_ood_auc")
     rows = []
     for path in sorted(folder.glob("epochs-*.json")):
         check = json.loads(path.read_text())

@@ -142,3 +142,22 @@ def test_the_runs_in_plain_words_say_their_cifar10_images_are_the_jpeg_copy():
         if run["dataset"].startswith("mnist"):
             assert "CIFAR-10's JPEG copy" in glance.grid_note(run, "Table 2")
             assert "JPEG" not in glance.grid_note(run, "Table 1")
+
+
+def test_acet2_cells_show_the_papers_appendix_numbers(tmp_path):
+    """ACET2 is not in the paper's Tables 1 and 2 but in its appendix (Tables 4, 5): an ACET2
+    cell shows that number under ours, in the grids and the comparison alike."""
+    _write(tmp_path, "cpu", "mnist", "ACET2", 0.97, te=0.007, sr=0.0, auc=1.0)
+    (run,) = glance.every_run(tmp_path)
+    t5 = report.paper_table("table_acet2_adversarial_noise").query("dataset == 'MNIST'")
+    te_paper = float(t5[t5.metric == "TE"].ACET2.iloc[0])
+    grid = glance.paper_grid(run, "Table 1")
+    assert grid.loc["TE", "ACET2"] == f'0.7<br><span class="ccu-paper">{te_paper:.1f}</span>'
+    t4 = report.paper_table("table_acet2_ood_auc").query("in_dataset == 'MNIST'")
+    fmnist = float(t4[t4.ood_dataset == "FMNIST"].ACET2.iloc[0])
+    t2 = glance.paper_grid(run, "Table 2")
+    assert t2.loc["FMNIST", "ACET2"] == f'97.0<br><span class="ccu-paper">{fmnist:.1f}</span>'
+    comp = glance.comparison(tmp_path)
+    acet2 = comp[(comp.method == "ACET2") & (comp.dataset == "MNIST")].set_index(["table", "key"])
+    assert acet2.loc[("Table 1", "TE"), "paper"] == te_paper
+    assert acet2.loc[("Table 2", "FMNIST"), "diff"] == pytest.approx(97.0 - fmnist)
