@@ -128,7 +128,8 @@ def field_table(root=None, paper_dataset: str = "MNIST"):
                 AUC_strict=v.get("AUC"),  # GOOD's auroc_conservative: ties lose
                 GAUC=None,
                 GAUC_strict=v.get("GAUC"),
-                network="GOOD's CNN (IBP)",
+                # GOOD evaluates CCU too, a model of its own training (GAUC 0 on every set)
+                network="CCU as GOOD trained it" if method == "CCU" else "GOOD's CNN (IBP)",
                 train_out="80M Tiny Images",
             )  # fmt: skip
         )

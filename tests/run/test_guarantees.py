@@ -112,6 +112,11 @@ def test_the_committed_field_table_puts_ours_beside_good():
         good80.GAUC_strict == 55.5 and good80.AUC_strict == 99.8 and "2007.08473" in good80.source
     )
     assert pd.isna(good80.GAUC) and pd.isna(good80.AUC)
+    # GOOD's own CCU baseline (its published Table 1): GAUC 0 on every set at eps 0.3
+    good_ccu = t[t.source.str.startswith("GOOD") & (t.method == "CCU")].set_index("ood_set")
+    assert set(good_ccu.index) == {"FMNIST", "EMNIST", "GrCIFAR10", "Uniform"}
+    assert (good_ccu.GAUC_strict == 0.0).all() and good_ccu.AUC_strict["EMNIST"] == 92.9
+    assert (good_ccu.network == "CCU as GOOD trained it").all()
     csv = report.REFERENCE_RESULTS / "cpu" / "mnist" / "gauc_vs_good.csv"
     saved = pd.read_csv(csv)
     assert len(saved) == len(t) and list(saved.method) == list(t.method)
