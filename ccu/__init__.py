@@ -6,7 +6,13 @@ The book in ``book/`` explains every piece; docstrings name the chapter.
 import ccu.methods  # noqa: F401 - registers the methods (ccu.run.config imports it too)
 from ccu import _moved
 from ccu._version import __version__  # noqa: F401 - ccu.__version__
-from ccu.core.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
+from ccu.core.attacks import (
+    AttackResult,
+    ball_attack,
+    confidence_score,
+    confidence_surrogate,
+    sample_in_ball,
+)
 from ccu.core.bounds import (
     CertificateAttack,
     CertificateCheck,
@@ -17,6 +23,7 @@ from ccu.core.bounds import (
     check_certificate,
     confidence_bound,
     float32_deviation,
+    float64_confidence,
     log_ratio_bound,
     nearest_training_point,
     theorem1_distance,
@@ -77,8 +84,10 @@ __all__ = [
     "certified_radius",
     "check_certificate",
     "float32_deviation",
+    "float64_confidence",
     "confidence_bound",
     "confidence_score",
+    "confidence_surrogate",
     "get_density_family",
     "get_profile",
     "guaranteed_auc",

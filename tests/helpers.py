@@ -87,13 +87,25 @@ def floored_metric(seed: int, d: int = 64, floor: float = 1e-6) -> ccu.Mahalanob
     return ccu.Mahalanobis.from_covariance((q * lam) @ q.T, floor=floor)
 
 
-def tight_ccu(d: int = 64, distance: float = 300.0, seed: int = 1, num_classes: int = 10):
+def tight_ccu(
+    d: int = 64,
+    distance: float = 300.0,
+    seed: int = 1,
+    num_classes: int = 10,
+    input_scale: float | None = None,
+):
     """A float64 CCU where Corollary 1 is attained: one in- and one out-component on opposite sides
     of the centre ``x0`` along a whitened direction ``e``, a saturated classifier. The confidence
     over the ball is largest at ``x0 + R e`` (nearest to the in-mean, farthest from the out-mean),
-    where it equals the bound. Returns ``(model, x0 (1, d), e (1, d) whitened direction)``."""
+    where it equals the bound. Returns ``(model, x0 (1, d), e (1, d) whitened direction)``.
+    ``input_scale``: a metric ``C = input_scale^2 I`` instead of :func:`floored_metric` (with
+    ``distance * input_scale`` well below 0.5 both means lie in the box ``[0, 1]^d``)."""
     gen = torch.Generator().manual_seed(seed)
-    metric = floored_metric(seed, d)
+    if input_scale is None:
+        metric = floored_metric(seed, d)
+    else:
+        eye = torch.eye(d, dtype=torch.float64)
+        metric = ccu.Mahalanobis.from_covariance(input_scale**2 * eye)
     x0 = torch.full((1, d), 0.5, dtype=torch.float64)
     w0 = metric.whiten(x0)
     e = torch.randn(1, d, generator=gen, dtype=torch.float64)

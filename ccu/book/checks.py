@@ -19,9 +19,11 @@ import torch
 from ccu.core.bounds import (
     attack_certificates,
     certified_mask,
+    float64_confidence,
     images_inside_balls,
     nearest_training_point,
     theorem1_terms,
+    toward_means,
 )
 from ccu.core.gmm import GaussianMixture
 from ccu.core.metric import Mahalanobis
@@ -83,8 +85,8 @@ def walk_rays(model, train_x, n_rays: int, scales: torch.Tensor, seed: int = 0):
     Theorem 3.1 is checked (chapter *Theorem 1, numerically*, ``book/theorem1.ipynb``).
 
     Returns ``(z, nearest, confidence)`` with shapes (R, T, D), (R, T), (R, T): the points, their
-    distance to the training set under the model's metric, and ``max_y p(y|z)``
-    (:meth:`ccu.CCU.confidence`).
+    distance to the training set under the model's metric, and ``max_y p(y|z)`` of the float64
+    model (:func:`ccu.float64_confidence`: the certificates are about it).
     """
     gen = torch.Generator().manual_seed(seed)
     flat = train_x.reshape(len(train_x), -1).to(torch.float64)
@@ -94,8 +96,8 @@ def walk_rays(model, train_x, n_rays: int, scales: torch.Tensor, seed: int = 0):
     z = start[:, None, :] + scales.to(torch.float64)[None, :, None] * u[:, None, :]
     zf = z.reshape(-1, flat.shape[1])
     nearest, _ = nearest_training_point(model.metric, zf, flat)
-    conf = model.confidence(zf.to(train_x.dtype).reshape(-1, *train_x.shape[1:]))
-    return z, nearest.reshape(n_rays, -1), conf.double().reshape(n_rays, -1)
+    conf = float64_confidence(model, zf.reshape(-1, *train_x.shape[1:]))
+    return z, nearest.reshape(n_rays, -1), conf.reshape(n_rays, -1)
 
 
 @torch.no_grad()
@@ -111,7 +113,7 @@ def theorem1_check(model, z, train_x, eps_values, as_printed: bool = False) -> l
     which can be violated: its violations are counted, not raised.
     """
     flat = z.reshape(-1, z.shape[-1])
-    conf = model.confidence(flat.to(train_x.dtype).reshape(-1, *train_x.shape[1:]))
+    conf = float64_confidence(model, flat.to(torch.float64).reshape(-1, *train_x.shape[1:]))
     M = model.num_classes
     rows = []
     for eps in eps_values:
@@ -151,15 +153,20 @@ def corollary1_check(
 ) -> dict:
     """Try to break Corollary 3.1, eq. (11), inside every certified ball (intersected with
     ``[0, 1]^d``): :func:`ccu.attack_certificates` (PGD with the profile's steps and restarts on
-    the float32 model, ``n_samples`` uniform points per ball, every point judged by the float64
-    model). Chapter *Corollary 1 and the certified radius* (``book/corollary1.ipynb``).
+    the float32 model's confidence and on what it rises with, the points towards the nearest
+    in-mixture means at the ball's edge, ``n_samples`` uniform points per ball; every point
+    judged by the float64 model). Chapter *Corollary 1 and the certified radius*
+    (``book/corollary1.ipynb``).
 
     Uncertified centres (NaN radius) have no ball and are counted apart. Returns per certified
-    ball ``radius``, ``bound``, ``attack`` and ``sampled`` (float64 confidences found); and
-    ``violations``, ``outside`` (points outside their ball), ``n_certified``,
-    ``n_uncertified``, ``attack_max``, ``sample_max`` and ``float32_deviation`` (the largest
-    ``|p32 - p64|`` at the points judged). Raises :class:`GuaranteeViolated` if a point found is
-    above its ball's bound or outside its ball."""
+    ball ``radius``, ``bound``, ``attack``, ``toward_means`` and ``sampled`` (float64
+    confidences found); and ``violations``, ``outside`` (points outside their ball),
+    ``above_level`` (balls whose bound exceeds ``level/M``: the radius is not certified at
+    that level), ``n_certified``, ``n_uncertified``, ``n_moved`` (balls where an attack left
+    the centre), ``n_toward_means`` (means walked towards per ball), ``attack_max``,
+    ``toward_means_max``, ``sample_max`` and ``float32_deviation`` (the largest ``|p32 - p64|`` at the points judged). Raises
+    :class:`GuaranteeViolated` if a point found is above its ball's bound or outside its ball,
+    or a ball's bound is above the level."""
     ok = certified_mask(radii)
     tried = attack_certificates(
         model, noise, level, prof.attack_steps, prof.attack_restarts, n_samples, seed,
@@ -167,29 +174,59 @@ def corollary1_check(
     )  # fmt: skip
     found = tried.attack_confidence
     chk = tried.check
+    cap = level / model.num_classes
+    means = tried.toward_means_max
     out = {
         "radius": tried.radius[ok].cpu(),
         "bound": chk.bound.cpu(),
         "attack": found,
+        "toward_means": means,
         "sampled": tried.sampled_max.cpu(),
         "violations": chk.n_violations,
         "outside": chk.n_outside,
+        "above_level": int((chk.bound.cpu() > cap * (1 + TOLERANCE)).sum()),
         N_CERTIFIED: int(ok.sum()),
         N_UNCERTIFIED: int((~ok).sum()),
+        "n_moved": tried.n_moved,
+        "n_toward_means": tried.n_toward_means,
         "attack_max": float(found.max()),
+        "toward_means_max": float(means.max()) if means is not None else float("nan"),
         "sample_max": float(tried.sampled_max.max()),
         "float32_deviation": chk.max_float32_deviation,
     }
-    if out["violations"] or out["outside"]:
+    if out["violations"] or out["outside"] or out["above_level"]:
         raise _fail(
             "Corollary 1 and the certified radius",
             "Corollary 3.1 violated",
             f"{out['violations']} of {out[N_CERTIFIED]} certified balls hold a point above their "
-            f"bound (attack up to {out['attack_max']:.6g}, samples up to "
-            f"{out['sample_max']:.6g}, level {level:g}/M = {level / model.num_classes:.6g}); "
-            f"{out['outside']} points found outside their ball",
+            f"bound (attack up to {out['attack_max']:.6g}, towards the means up to "
+            f"{out['toward_means_max']:.6g}, samples up to {out['sample_max']:.6g}, level "
+            f"{level:g}/M = {cap:.6g}); {out['outside']} points found outside their ball; "
+            f"{out['above_level']} balls with a bound above the level",
         )
     return out
+
+
+def corollary1_power(model, noise, radii, level: float = 1.1, scale: float = 1.5) -> dict:
+    """Can :func:`corollary1_check` fail? The same walk towards the in-means
+    (:func:`ccu.core.bounds.toward_means`) in balls ``scale`` times the certified radii: a
+    radius that much too large would be caught in ``n_above_level`` of the ``n_certified``
+    balls (float64 confidences above ``level/M``; ``max_confidence`` the highest). Chapter
+    *Corollary 1 and the certified radius* (``book/corollary1.ipynb``)."""
+    ok = certified_mask(radii)
+    r = torch.as_tensor(radii, dtype=torch.float64)[ok] * scale
+    points = toward_means(model, noise[ok.to(noise.device)], r)
+    if points is None:
+        raise TypeError("the in-density has no means to walk towards.")
+    n = len(r)
+    p = float64_confidence(model, points.reshape(-1, *noise.shape[1:])).reshape(n, -1)
+    best = p.max(dim=1).values
+    return {
+        "scale": scale,
+        N_CERTIFIED: n,
+        "n_above_level": int((best > level / model.num_classes).sum()),
+        "max_confidence": float(best.max()) if n else float("nan"),
+    }
 
 
 def images_in_balls(model, noise, radii, data, level: float = 1.1) -> dict:
@@ -206,7 +243,11 @@ def images_in_balls(model, noise, radii, data, level: float = 1.1) -> dict:
     inside, nearest, idx = images_inside_balls(model.metric, noise, radii, everything)
     radii = torch.as_tensor(radii).cpu().to(nearest)
     ok = certified_mask(radii)
-    conf = model.confidence(everything[idx[inside]]) if inside.any() else torch.empty(0)
+    conf = (
+        float64_confidence(model, everything[idx[inside]])
+        if inside.any()
+        else torch.empty(0, dtype=torch.float64)
+    )
     margin = (nearest[ok] / radii[ok].clamp_min(1e-12)).min() if ok.any() else torch.tensor(np.nan)
     out = {
         "inside": int(inside.sum()),

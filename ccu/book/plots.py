@@ -141,11 +141,15 @@ def plot_bound_curves(model, x0, radii, level: float = 1.1, ax=None):
 
 
 def plot_attack_vs_bound(check: dict, num_classes: int, level: float = 1.1, ax=None):
-    """Corollary 1 chapter: the confidence PGD and sampling found in each ball, against its
-    radius, under the certified level (``check`` is :func:`ccu.book.checks.corollary1_check`)."""
+    """Corollary 1 chapter: the confidence the attacks, the points towards the in-means and the
+    samples found in each ball, against its radius, under the certified level (``check`` is
+    :func:`ccu.book.checks.corollary1_check`)."""
     ax = ax or plt.subplots(figsize=(7, 3.5))[1]
     radius = check["radius"].numpy()
     ax.scatter(radius, check["attack"].numpy(), s=12, label="PGD worst case")
+    if check.get("toward_means") is not None:
+        ax.scatter(radius, check["toward_means"].numpy(), s=14, marker="^", facecolors="none",
+                   edgecolors="C2", label="towards the in-means")  # fmt: skip
     ax.scatter(radius, check["sampled"].numpy(), s=12, marker="x", label="best of the samples")
     ax.axhline(level / num_classes, color="k", ls=":", label=f"{level:g}/M (the certificate)")
     ax.set_xlabel(f"certified radius ({DISTANCE_UNIT})")

@@ -513,6 +513,19 @@ def confidence_score(model) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: model(x).max(dim=1).values
 
 
+def confidence_surrogate(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> log p(x|i) - log p(x|o) + max_y log softmax``, for a ``ccu.CCU``: what its
+    confidence rises with, where the confidence itself is flat. In balls far from the data the
+    confidence is 1/M to the last bit (the density ratio is e^-300000 there) and its gradient 0,
+    so an attack on it never leaves its start; this one climbs towards the in-distribution."""
+
+    def surrogate(x: torch.Tensor) -> torch.Tensor:
+        log_pi, log_po = model.log_densities(x)
+        return log_pi - log_po + torch.log_softmax(model.logits(x), dim=1).max(dim=1).values
+
+    return surrogate
+
+
 def sample_in_ball(x0, radius, metric: Mahalanobis, n: int, seed: int = 0, box=None):
     """``n`` points uniform in each ball (and made exactly feasible for ``box``): (N, n, D)."""
     x0 = as_tensor(x0, "x0").reshape(len(x0), -1)

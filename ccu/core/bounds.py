@@ -423,19 +423,78 @@ def theorem1_distance(model: CCU, z, train_x, eps: float) -> torch.Tensor:
 
 @dataclass
 class CertificateAttack:
-    """:func:`attack_certificates`: radii of all centres, and for the certified ones the attack,
-    the float64 confidences it and the uniform samples reached, and the float64 check of the
-    worse point per ball."""
+    """:func:`attack_certificates`: radii of all centres, and for the certified ones the attacks,
+    the float64 confidences they, the points towards the in-mixture's means and the uniform
+    samples reached, and the float64 check of the worst point per ball."""
 
     radius: torch.Tensor  # (N,) NaN = uncertified
-    attack: AttackResult  # over the certified centres
-    attack_confidence: torch.Tensor  # (n_certified,) float64 confidence at the attack's points
+    attack: AttackResult  # on the float32 confidence, over the certified centres
+    attack_confidence: torch.Tensor  # (n_certified,) float64 confidence, the better attack's
     sampled_max: torch.Tensor  # (n_certified,) best float64 confidence of the samples
-    check: CertificateCheck  # the worse of the attack's point and the best sample, per ball
+    check: CertificateCheck  # the worst point per ball of everything tried
+    # on the density ratio plus the top log-probability (:func:`confidence_surrogate`)
+    surrogate_attack: AttackResult | None = None
+    toward_means_max: torch.Tensor | None = None  # (n_certified,) best float64 confidence there
+    n_toward_means: int = 0  # in-mixture means walked towards per ball (:func:`toward_means`)
 
     @property
     def certified(self) -> torch.Tensor:
         return certified_mask(self.radius)
+
+    @property
+    def n_moved(self) -> int:
+        """Certified balls where an attack's point is not the centre itself: an attack that
+        never moves (a flat score) has tried nothing."""
+        moved = self.attack.distance.cpu() > 0
+        if self.surrogate_attack is not None:
+            moved = moved | (self.surrogate_attack.distance.cpu() > 0)
+        return int(moved.sum())
+
+
+#: in-mixture means per ball towards which :func:`attack_certificates` walks to the ball's edge
+TOWARD_MEANS = 8
+
+
+def toward_means(model: CCU, centres, radius, n_means: int = TOWARD_MEANS, box=(0.0, 1.0)):
+    """Per ball ``d(x, centre) <= radius`` (and the box), the points farthest along the segments
+    from the centre towards its ``n_means`` nearest in-mixture means (capped at the mean itself):
+    where a ball reaches towards the in-distribution, and so where a radius too large shows (a
+    ball 1.5 times the certified radius holds a point of confidence 1 there on the smoke model,
+    where the attacks on the confidence found 1/M). Deterministic; float64; exactly feasible
+    (:func:`ccu.core.attacks.project_exact`). Returns ``(N, n, ...)`` in the centres' dtype
+    (``n = min(n_means, K_i)``) on the centres' device; None for an in-density without means
+    (``whitened_means``, ``means`` or ``mean``). Chapter *Corollary 1 and the certified
+    radius* (:func:`ccu.book.checks.corollary1_check`)."""
+    from ccu.core.attacks import project_exact
+    from ccu.core.density_check import _whitened_means
+
+    _check_model(model)
+    centres = _centres(model, centres)
+    metric = model.metric
+    W_inv = metric.unwhitening.double()
+    mu = _whitened_means(model.density_in, model.dim)
+    if mu is None:  # a density family without means (``whitened_means``, ``means``, ``mean``)
+        return None
+    mu = mu.to(W_inv.device)
+    means = mu @ W_inv  # input space
+    x0 = centres.reshape(len(centres), -1).double().to(W_inv.device)
+    rad = torch.as_tensor(radius, dtype=torch.float64).to(W_inv.device)
+    near = exact_distances(whiten64(metric, x0, model.dim), mu)
+    n = min(n_means, means.shape[0])
+    idx = near.topk(n, dim=1, largest=False).indices  # (N, n)
+    d = means[idx] - x0[:, None, :]  # (N, n, D)
+    length = whiten64(metric, d.reshape(-1, d.shape[-1]), model.dim).norm(dim=1).reshape(len(x0), n)
+    t = torch.minimum(rad[:, None] / length.clamp_min(1e-300), torch.ones_like(length))
+    if box is not None:  # stay in the box: both ends in it keep the whole segment in it
+        lo, hi = box
+        room = torch.where(d > 0, (hi - x0[:, None, :]) / d, (lo - x0[:, None, :]) / d)
+        room = torch.where(d == 0, torch.full_like(room, float("inf")), room).clamp_min(0.0)
+        t = torch.minimum(t, room.min(dim=2).values)
+    x = (x0[:, None, :] + t[..., None] * d).reshape(-1, d.shape[-1])
+    seeds = x0.repeat_interleave(n, 0)
+    x, _ = project_exact(x.to(centres.dtype), seeds.to(centres.dtype), rad.repeat_interleave(n),
+                         metric, box)  # fmt: skip
+    return x.reshape(len(x0), n, *centres.shape[1:]).to(centres.device)
 
 
 def attack_certificates(
@@ -448,12 +507,19 @@ def attack_certificates(
     seed: int = 0,
     box=(0.0, 1.0),
     radius=None,
+    n_means: int = TOWARD_MEANS,
 ) -> CertificateAttack:
     """Try to break Corollary 1 (chapter *Corollary 1 and the certified radius*): certify a ball
     around every centre (or take ``radius``, :func:`certified_radius` at ``level``, when it is
     already known), then inside each certified ball (and the box) run PGD on the float32 model's
-    confidence and draw ``n_samples`` uniform points; the worse point per ball is judged by the
-    float64 model (:func:`check_certificate`). Uncertified centres are skipped."""
+    confidence and on :func:`~ccu.core.attacks.confidence_surrogate` (the confidence is flat at
+    1/M far from the data: an attack on it alone never leaves the centres), each refined as
+    Table 1's (``refine_steps = steps``), take the points towards the nearest in-mixture means at
+    the ball's edge (:func:`toward_means`) and draw ``n_samples`` uniform points; the worst point
+    per ball is judged by the float64 model (:func:`check_certificate`). Uncertified centres are
+    skipped."""
+    from ccu.core.attacks import confidence_surrogate
+
     _check_model(model)
     centres = as_tensor(centres, "centres")
     if radius is None:
@@ -469,24 +535,35 @@ def attack_certificates(
     shape = centres.shape[1:]
     twin = copy.deepcopy(model).float().eval()  # the forward pass an attacker would run
     x32 = x0.float()
-    attack = ball_attack(
-        confidence_score(twin),
-        x32,
-        r,
-        model.metric,
-        steps,
-        restarts,
-        box=box,
-        seed=seed,
-        gradient="normalised",  # CCU's log-confidence is flat far out: unit steps still move
-    )
+    pgd = dict(box=box, seed=seed, gradient="normalised", refine_steps=steps)
+    # unit steps: CCU's log-confidence is flat far out, so the raw gradient's steps are 0
+    attack = ball_attack(confidence_score(twin), x32, r, model.metric, steps, restarts, **pgd)
+    climb = ball_attack(confidence_surrogate(twin), x32, r, model.metric, steps, restarts, **pgd)
     samples = sample_in_ball(x32, r, model.metric, n_samples, seed=seed, box=box)
-    flat = samples.reshape(-1, *shape)
-    p_samples = _confidence_as(model, flat, torch.float64, 1000).reshape(len(x0), -1).cpu()
-    best_sample = samples[torch.arange(len(x0)), p_samples.argmax(1)].reshape(len(x0), *shape)
-    p_attack = _confidence_as(model, attack.x, torch.float64, 1000).cpu()
-    sampled_max = p_samples.max(1).values
-    attack_wins = (p_attack >= sampled_max).reshape(-1, *[1] * len(shape))
-    worse = torch.where(attack_wins, attack.x.cpu(), best_sample.cpu())
-    check = check_certificate(model, worse, x0, r, box=box)
-    return CertificateAttack(radius, attack, p_attack, sampled_max, check)
+    means = toward_means(model, x32, r, n_means, box=box)
+    n = len(x0)
+
+    def best_of(points):  # (N, k, ...) -> each ball's point of highest float64 confidence
+        flat = points.reshape(-1, *shape)
+        p = _confidence_as(model, flat, torch.float64, 1000).reshape(n, -1).cpu()
+        top = p.argmax(1)
+        return points.reshape(n, -1, *shape)[torch.arange(n), top].cpu(), p.max(1).values
+
+    tried = torch.stack([attack.x.cpu(), climb.x.cpu()], dim=1)
+    best_attack, p_attack = best_of(tried)
+    best_sample, sampled_max = best_of(samples)
+    candidates = [(best_sample, sampled_max)]
+    means_max = None
+    if means is not None:
+        best_mean, means_max = best_of(means)
+        candidates.append((best_mean, means_max))
+    worst, p = best_attack, p_attack
+    for other, p_other in candidates:
+        higher = p_other > p
+        worst = torch.where(higher.reshape(-1, *[1] * len(shape)), other, worst)
+        p = torch.maximum(p, p_other)
+    check = check_certificate(model, worst, x0, r, box=box)
+    n_means = 0 if means is None else means.shape[1]
+    return CertificateAttack(
+        radius, attack, p_attack, sampled_max, check, climb, means_max, n_means
+    )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ccu.core.attacks import confidence_surrogate
 from ccu.core.density import get_density_family
 from ccu.core.density_check import UnsoundDensityError, check_density
 from ccu.core.diag_gmm import DiagonalGaussianMixture
@@ -248,13 +249,7 @@ class CCUMethod(BaseMethod):
         where it is exactly 1/M in float32 (balls far from the data: the density ratio is
         e^-300000 there, and the confidence's gradient is 0, so an attack on it never leaves its
         start). The attack keeps the point with the better true score, ties broken by this."""
-        model = self._require_model()
-
-        def surrogate(x: torch.Tensor) -> torch.Tensor:
-            log_pi, log_po = model.log_densities(x)
-            return log_pi - log_po + torch.log_softmax(model.logits(x), dim=1).max(dim=1).values
-
-        return surrogate
+        return confidence_surrogate(self._require_model())
 
     def certifier(self) -> CCU:
         return self._require_model()

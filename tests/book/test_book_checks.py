@@ -122,6 +122,41 @@ def test_corollary1_check_finds_no_violation_and_reports_per_ball():
     assert check["attack_max"] <= float(check["bound"].max()) + 1e-9
 
 
+def test_corollary1_check_finds_a_radius_too_large_where_the_confidence_is_flat(monkeypatch):
+    """Far from the data the confidence is 1/M to the last bit and its gradient 0, so an attack
+    on it alone never leaves the centre: a radius 1.5 times too large, with a bound that claims
+    the level, passed unnoticed. The points towards the in-mean and the attack on what the
+    confidence rises with find the ball's edge (Corollary 1 is attained on this model, and its
+    means lie in the box), and a bound above the level is refused as such."""
+    from helpers import tight_ccu
+
+    model, x0, _ = tight_ccu(input_scale=1e-3)
+    M = model.num_classes
+    radius = ccu.certified_radius(model, x0, level=1.1)
+    prof = ccu.get_profile("smoke", attack_steps=10, attack_restarts=1)
+    check = book_checks.corollary1_check(model, x0, radius, prof, seed=0, n_samples=10)
+    assert check["violations"] == 0 and check["n_moved"] == 1
+    assert check["toward_means_max"] > 1.09 / M  # the bound, 1.1/M, is reached at the edge
+    with pytest.raises(GuaranteeViolated, match="1 balls with a bound above the level"):
+        book_checks.corollary1_check(model, x0, 1.5 * radius, prof, seed=0, n_samples=10)
+    # a false certificate: the bound of a ball 1.5 times too large said to be the level
+    level_bound = lambda m, c, r: torch.full((len(c),), 1.1 / M, dtype=torch.float64)  # noqa: E731
+    monkeypatch.setattr("ccu.core.bounds.confidence_bound", level_bound)
+    with pytest.raises(GuaranteeViolated, match="1 of 1 certified balls hold a point above"):
+        book_checks.corollary1_check(model, x0, 1.5 * radius, prof, seed=0, n_samples=10)
+
+
+def test_corollary1_power_finds_the_level_broken_in_balls_too_large():
+    from helpers import tight_ccu
+
+    model, x0, _ = tight_ccu(input_scale=1e-3)
+    radius = ccu.certified_radius(model, x0, level=1.1)
+    at_r = book_checks.corollary1_power(model, x0, radius, scale=1.0)
+    assert at_r["n_above_level"] == 0 and at_r["max_confidence"] <= 1.1 / model.num_classes
+    too_large = book_checks.corollary1_power(model, x0, radius, scale=1.5)
+    assert too_large["n_above_level"] == 1 and too_large["max_confidence"] > 0.5
+
+
 @pytest.mark.parametrize("broken", ["violated", "inside"])
 def test_corollary1_check_raises_when_a_point_breaks_the_bound(monkeypatch, broken):
     model = _box_model()

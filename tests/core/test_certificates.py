@@ -207,3 +207,22 @@ def test_check_certificate_keeps_the_classifiers_input_shape():
     assert bool(ccu.certified_mask(r).all())
     chk = ccu.check_certificate(model, x0.float(), x0, r)
     assert chk.n_violations == 0 and chk.n_outside == 0 and chk.confidence64.shape == (2,)
+
+
+def test_attack_certificates_leave_a_centre_where_the_confidence_is_flat():
+    """At the centre the float64 confidence is 1/M (density ratio e^-30000) and the float32
+    gradient 0: an attack on the confidence alone never moved. The attack on
+    :func:`ccu.confidence_surrogate` and the points towards the in-means reach the ball's
+    highest confidence: the bound itself at the certified radius (Corollary 1 is attained on
+    this model), far above the level in a ball 1.5 times as large."""
+    model, x0, _ = tight_ccu()
+    M = model.num_classes
+    radius = ccu.certified_radius(model, x0, level=1.1)
+    assert float(ccu.float64_confidence(model, x0)[0]) == pytest.approx(1 / M)
+    kw = dict(steps=20, restarts=2, n_samples=20, box=None)
+    at_r = ccu.attack_certificates(model, x0, radius=radius, **kw)
+    assert at_r.check.n_violations == 0 and at_r.n_moved == 1
+    assert float(at_r.check.confidence64[0]) == pytest.approx(1.1 / M, rel=1e-3)
+    too_large = ccu.attack_certificates(model, x0, radius=1.5 * radius, **kw)
+    assert float(too_large.check.confidence64[0]) > 0.5
+    assert float(too_large.attack_confidence[0]) > 0.5  # the attack on the surrogate, too

@@ -30,6 +30,25 @@ def test_matches_the_formula(lam):
     torch.testing.assert_close(model.log_marginal(x).exp(), ((pi + lam * po) / (1 + lam)).detach())
 
 
+@pytest.mark.parametrize("r", [-1e4, -3.0, 0.0, 3.0, 1e2, 1e4, 1e6])
+def test_float32_probabilities_keep_float32_precision_whatever_the_density_ratio(r):
+    """Where the in-density dominates (r = log p(x|i) - log p(x|o) >> 0: every in-distribution
+    point) the float32 forward pass must not add r to the classifier's log-probabilities:
+    rounded to r's spacing, they were 2e-4 off at r = 1e4 and 1e-2 at r = 1e6."""
+    M = 10
+    model = random_ccu(0, d=4, num_classes=M)
+    logits = torch.linspace(0.0, -9.0, M)[None]
+    want = {}
+    for dtype in (torch.float32, torch.float64):
+        log_softmax = torch.log_softmax(logits.to(dtype), dim=1)
+        log_pi, log_po = torch.tensor([r], dtype=dtype), torch.zeros(1, dtype=dtype)
+        want[dtype] = model.to(dtype)._combine(log_softmax, log_pi, log_po)[0].exp()
+    assert float((want[torch.float32].double() - want[torch.float64]).abs().max()) < 1e-7
+    p_in = 1 / (1 + math.exp(-r)) if r > -700 else 0.0  # lambda = 1
+    direct = p_in * torch.softmax(logits.double(), dim=1) + (1 - p_in) / M
+    torch.testing.assert_close(want[torch.float64], direct, rtol=0, atol=1e-15)
+
+
 def test_log_space_is_stable_in_3072_dimensions():
     d, k = 3072, 5
     gen = torch.Generator().manual_seed(0)
