@@ -60,8 +60,9 @@ def far_field(base_conf, ccu_conf, maps: dict, extent: float, inner: float = 10.
 
     ``maps`` is :func:`ccu.book.plots.plot_confidence_maps`'s dict, holding a ``grid x grid`` map over
     ``[-extent, extent]^2`` for the titles ``"Base (ReLU network)"`` and ``"CCU"``. Returns the
-    smallest Base confidence and the largest CCU confidence at least ``inner`` away from the
-    origin (max-norm), and both confidences at the corner ``(1000, 1000)``. Reported, not
+    smallest Base confidence, the share (%) of grid points where Base's is above 0.99 and the
+    largest CCU confidence at least ``inner`` away from the origin (max-norm), and both
+    confidences at the corner ``(1000, 1000)``. Reported, not
     checked: no theorem fixes these numbers (Theorem 3.1's distance is checked on rays).
     """
     base_map, ccu_map = maps[("Base (ReLU network)", extent)], maps[("CCU", extent)]
@@ -72,6 +73,7 @@ def far_field(base_conf, ccu_conf, maps: dict, extent: float, inner: float = 10.
     corner = torch.tensor([[1e3, 1e3]])
     return {
         "base_far_min": float(base_map[ring].min()),
+        "base_far_pct_above_099": float(100 * (base_map[ring] > 0.99).mean()),
         "ccu_far_max": float(ccu_map[ring].max()),
         "base_corner": float(base_conf(corner)),
         "ccu_corner": float(ccu_conf(corner)),
@@ -107,7 +109,10 @@ def theorem1_check(model, z, train_x, eps_values, as_printed: bool = False) -> l
     numerically*, ``book/theorem1.ipynb``).
 
     Returns a list of dicts (eps, n_points, n_certified, max_confidence_certified, bound,
-    violations, median_distance), where ``bound = (1 + eps)/M`` (eq. (10)). Raises
+    violations, median_distance, slack), where ``bound = (1 + eps)/M`` (eq. (10)) and ``slack``
+    is the largest factor the distance could be divided by with every point still passing
+    (inf when no point is above the bound): what the points can tell about the distance (a
+    slack of 3 says a distance 3 times too small would pass here too). Raises
     :class:`GuaranteeViolated` if a point beyond the proof's distance has confidence above its
     bound. ``as_printed=True`` uses the distance as printed (without the proof's ``sqrt(2)``),
     which can be violated: its violations are counted, not raised.
@@ -130,6 +135,7 @@ def theorem1_check(model, z, train_x, eps_values, as_printed: bool = False) -> l
                 bound=bound,
                 violations=int((conf[ok].double() > bound + TOLERANCE).sum()),
                 median_distance=float(torch.quantile(t.distance, 0.5)),
+                slack=_slack(t.distance, t.nearest, conf > bound + TOLERANCE),
             )
         )
     bad = [r for r in rows if r["violations"]]
@@ -145,6 +151,17 @@ def theorem1_check(model, z, train_x, eps_values, as_printed: bool = False) -> l
             ),
         )
     return rows
+
+
+def _slack(distance, nearest, above) -> float:
+    """The largest ``s`` such that every point ``above`` its bound still has
+    ``nearest < distance / s`` (so a condition ``nearest >= distance / s`` certifies none of
+    them): ``min(distance / nearest)`` over those points; inf when there is none."""
+    if not bool(above.any()):
+        return float("inf")
+    near = nearest[above.to(nearest.device)].double()
+    ratio = distance[above.to(distance.device)].double() / near.clamp_min(1e-300)
+    return float(ratio.min())
 
 
 # ----------------------------------------------------------------------------- corollary 1

@@ -507,6 +507,7 @@ THEOREM1_COLUMNS = {
     "bound": "bound (1+eps)/M",
     "violations": "violations",
     "median_distance": "median distance",
+    "slack": "slack",
 }
 
 

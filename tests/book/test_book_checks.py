@@ -50,6 +50,7 @@ def test_far_field_reads_the_ring_of_the_maps():
     )
     assert out == {
         "base_far_min": 0.7,
+        "base_far_pct_above_099": 0.0,
         "ccu_far_max": 0.55,
         "base_corner": pytest.approx(0.8),
         "ccu_corner": 0.5,
@@ -100,6 +101,11 @@ def test_theorem1_check_as_printed_counts_its_violations_without_raising():
     assert rows[0]["n_certified"] == 1 and rows[0]["violations"] == 1
     proof = book_checks.theorem1_check(model, z, train, [1e-3])  # the proof's distance: no claim
     assert proof[0]["n_certified"] == 0 and proof[0]["violations"] == 0
+    # the slack: how far the distance could shrink with the point still passing (the printed
+    # distance, already too short, none; the proof's about its missing sqrt(2))
+    assert rows[0]["slack"] < 1.0 < proof[0]["slack"] < 2**0.5
+    full = ccu.theorem1_terms(model, z.reshape(1, 1), train, 1e-3).distance
+    assert proof[0]["slack"] == pytest.approx(float(full / z.reshape(-1)))
 
 
 # ----------------------------------------------------------------------------- corollary 1
