@@ -171,7 +171,7 @@ def certificate_table(g: dict):
     df.index = [report.PAPER_OOD.get(n, n) if n != "test" else "test (in-dist.)" for n in df.index]
     for col in ("share_certified", CERTIFIED_AUC, "gauc_field_eps"):
         df[col] = 100 * df[col].astype(float)
-    return df.rename(
+    out = df.rename(
         columns={
             "share_certified": "certified %",
             MEDIAN_RADIUS: "median R",
@@ -181,6 +181,21 @@ def certificate_table(g: dict):
             "gauc_field_eps": f"GAUC % (linf {g.get(FIELD_EPS_INF)}, ties lose)",
         }
     )
+    out.attrs["abbreviations"] = CERTIFICATE_WORDS  # not Table 1's AUC (adversarial noise)
+    return out
+
+
+#: what the AUCs of :func:`certificate_table` compare (its legend)
+CERTIFICATE_WORDS = {
+    "AUC": (
+        "certified AUC: the in-distribution test confidences against the bound over each OOD "
+        "point's certified ball (an uncertified point, and a tie, count as failures)"
+    ),
+    "GAUC": (
+        "GAUC: the in-distribution test confidences against the upper bounds of the confidence "
+        "over the l_inf balls of radius eps around the OOD points"
+    ),
+}
 
 
 def gauc_sweep_figure(g: dict, title: str = ""):

@@ -178,3 +178,17 @@ def test_the_gauc_compares_the_bounds_with_the_float64_models_confidences():
     rows = shown.summary_rows(dict(out, field_eps_inf=10.0))
     assert rows[1]["gauc_field_eps"] == out["sets"]["ood"]["gauc_inf"]["10"]["gauc_strict"]
     assert shown.ties_half_shown(out) and not shown.ties_half_shown({"sets": {}})
+
+
+def test_the_certificate_tables_legend_defines_its_own_aucs():
+    """Its AUCs are about OOD points' balls (certified AUC, GAUC), not Table 1's adversarial
+    noise: the legend under it says so."""
+    import json
+
+    from ccu import report
+
+    path = report.REFERENCE_RESULTS / "cpu" / "mnist" / "CCU.guarantees.json"
+    table = shown.certificate_table(json.loads(path.read_text()))
+    words = report.legend(table)
+    assert "certified AUC: the in-distribution" in words and "GAUC: " in words
+    assert "adversarial noise" not in words

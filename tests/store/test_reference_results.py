@@ -82,6 +82,8 @@ def test_the_density_comparison_reference():
             assert ref["config"][m]["density_family"] == ("gmm" if m == "CCU" else m[4:])
         table = report.density_comparison(ref["metrics"], t1, ref["config"])
         assert list(table.index) == certifying
+        words = report.legend(table)  # its AUC is the certified one, not Table 1's
+        assert "certified AUC: the in-distribution" in words and "adversarial" not in words
 
 
 def test_reference_profiles_put_the_paper_first_and_label_every_run(tmp_path):
