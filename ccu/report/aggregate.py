@@ -259,13 +259,19 @@ def build_tables(profile, dataset: str, root=None, seeds=None, methods=None, run
     return out
 
 
-def wide(long: pd.DataFrame, decimals: int = 1) -> pd.DataFrame:
-    """Display form: rows ``key``, columns ``(method, "ours (mean ± sd)" | "paper")``."""
+def wide(long: pd.DataFrame, decimals: int = 1, n_seeds: int | None = None) -> pd.DataFrame:
+    """Display form: rows ``key``, columns ``(method, "ours (mean ± sd)" | "paper")``. A cell
+    over fewer seeds than ``n_seeds`` (default: the most any cell has) says how many,
+    ``"99.5 ± 0.7 (n=2)"``: the table's heading names every seed, and a method missing from one
+    must not read as averaged over all."""
     if long.empty:
         return pd.DataFrame()
-    ours = long.assign(
-        text=[format_mean_sd(m, s, decimals) for m, s in zip(long["mean"], long["sd"], strict=True)]
-    )
+    n_seeds = int(long["n"].max()) if n_seeds is None else n_seeds
+    texts = []
+    for m, s, n in zip(long["mean"], long["sd"], long["n"], strict=True):
+        text = format_mean_sd(m, s, decimals)
+        texts.append(f"{text} (n={int(n)})" if math.isfinite(m) and n < n_seeds else text)
+    ours = long.assign(text=texts)
     methods = ordered(long["method"].unique())
     keys = list(dict.fromkeys(long["key"]))
     cols = {}
@@ -323,7 +329,7 @@ def write_tables(profile, dataset: str, root=None, seeds=None, out=None, methods
         store.atomic_bytes(path, long.to_csv(index=False).encode())
         written.append(path)
         decimals = 3 if name == "certification" else (2 if name == "p_stats" else 1)
-        text += ["", f"## {name}", "", to_markdown(wide(long, decimals))]
+        text += ["", f"## {name}", "", to_markdown(wide(long, decimals, len(seeds_used)))]
     md = out / store.TABLES
     store.atomic_bytes(md, ("\n".join(text) + "\n").encode())
     written.append(md)

@@ -1,6 +1,7 @@
 """Tables over seeds (mean ± sd) built from a results directory written by hand."""
 
 import math
+import shutil
 
 import pytest
 
@@ -156,3 +157,19 @@ def test_a_seed_attacked_before_is_counted_as_the_paper_counts_ties(tmp_path):
     assert row["mean"] == pytest.approx(100 * ev.attack_auc(test, worst))  # not the saved 0.5
     ccu_row = tables["table1"].set_index(["method", "key"]).loc[("CCU", "AUC")]
     assert ccu_row["mean"] == pytest.approx(100.0)  # no scores to count again: as saved
+
+
+def test_a_cell_over_fewer_seeds_than_the_table_says_how_many(tmp_path):
+    """The heading says "mean ± sd over seeds [0, 1, 2]": a method one seed lacks must not read
+    as averaged over all three."""
+    for seed in (0, 1, 2):
+        _write_seed(tmp_path, seed, 0.2 + 0.1 * seed, 0.9, 0.1)
+    # CCU's run of seed 2 is gone: its cells average two seeds
+    shutil.rmtree(store.method_dir("smoke", "mnist-offline", "CCU", tmp_path, 2))
+    tables = aggregate.build_tables("smoke", "mnist-offline", tmp_path)
+    shown = aggregate.wide(tables["table2_auroc"])
+    assert shown.loc["Uniform", ("CCU", "ours (mean ± sd)")].endswith("(n=2)")
+    assert "(n=" not in shown.loc["Uniform", ("Base", "ours (mean ± sd)")]
+    aggregate.write_tables("smoke", "mnist-offline", tmp_path)
+    md = (store.tables_dir("smoke", "mnist-offline", tmp_path) / "tables.md").read_text()
+    assert "seeds [0, 1, 2]" in md and "(n=2)" in md
