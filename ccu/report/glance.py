@@ -284,6 +284,27 @@ def heatmap_frame(comp: pd.DataFrame, dataset: str, table: str = "Table 2") -> p
     return wide[[m for m in ordered(wide.columns)]]
 
 
+def column_runs(comp: pd.DataFrame, dataset: str, table: str = "Table 2") -> dict[str, str]:
+    """Per method of :func:`heatmap_frame`'s columns, the run its numbers come from, in short
+    words: the profile, and the dataset folder where it is a stand-in (``"cpu, mnist-offline"``).
+    A panel takes each method from its best run (:func:`run_for`), so one panel can mix runs:
+    every column says which.
+
+    >>> comp = pd.DataFrame({"dataset": ["MNIST"] * 2, "table": ["Table 2"] * 2,
+    ...     "method": ["Base", "MCD"], "profile": ["paper", "cpu"],
+    ...     "run": ["mnist", "mnist-offline"]})
+    >>> column_runs(comp, "MNIST")
+    {'Base': 'paper', 'MCD': 'cpu, mnist-offline'}
+    """
+    sub = comp[(comp.dataset == dataset) & (comp.table == table)].dropna(subset=["profile"])
+    full = {p: candidates(p)[0] for p in PAPER_DATASETS if candidates(p)}
+    out = {}
+    for method, rows in sub.groupby("method", sort=False):
+        profile, run = rows.profile.iloc[0], rows.run.iloc[0]
+        out[method] = profile if run == full.get(dataset) else f"{profile}, {run}"
+    return out
+
+
 def summary(comp: pd.DataFrame) -> dict:
     """Numbers the chapter quotes: compared values, and the median |ours - paper| per table."""
     done = comp.dropna(subset=["ours"])
@@ -308,14 +329,19 @@ def heatmap_figure(comp: pd.DataFrame, table: str = "Table 2"):
     limit = max([float(np.nanmax(np.abs(f.values))) for f in frames.values()] + [1.0])
     for ax, (d, f) in zip(axes[0], frames.items(), strict=False):
         im = ax.imshow(f.values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
-        ax.set_xticks(range(f.shape[1]), f.columns, rotation=45, ha="right")
+        runs = column_runs(comp, d, table)  # a panel may take its methods from several runs
+        one_run = len(set(runs.values())) == 1
+        labels = [m if one_run or m not in runs else f"{m} · {runs[m]}" for m in f.columns]
+        ax.set_xticks(range(f.shape[1]), labels, rotation=90 if not one_run else 45,
+                      ha="center" if not one_run else "right", fontsize=8)  # fmt: skip
         ax.set_yticks(range(f.shape[0]), f.index)
         for (i, j), v in np.ndenumerate(f.values):
             if np.isfinite(v):  # white on the darkest cells, black elsewhere: always legible
                 colour = "white" if abs(v) > 0.6 * limit else "black"
                 ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=8, color=colour)
         ax.grid(False)
-        ax.set_title(f"{d}: {table}, ours − paper (points)")
+        run = f" ({next(iter(runs.values()))})" if runs and one_run else ""
+        ax.set_title(f"{d}{run}: {table}, ours − paper (points)")
         fig.colorbar(im, ax=ax, shrink=0.8)
     if not frames:
         axes[0][0].text(0.5, 0.5, "no committed results", ha="center")
