@@ -63,6 +63,10 @@ def test_the_best_profile_per_method_and_the_differences(tmp_path):
     assert 0 < s["n_compared"] < s["n_paper"]
     hm = glance.heatmap_frame(comp, "MNIST")
     assert list(hm.columns) == ["Base", "OE", "CCU"]  # methods with a number, paper order
+    # the panel mixes runs (cpu mnist, cpu mnist-offline, paper mnist): each column says which
+    fig = glance.heatmap_figure(comp)
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks == ["Base · cpu", "OE · cpu, mnist-offline", "CCU · paper"]
 
 
 def test_status_matrix_and_it_updates_when_results_are_committed(tmp_path):
