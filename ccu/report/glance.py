@@ -591,17 +591,58 @@ def run_grids_html(run: dict) -> str:
 def grid_note(run: dict, table: str) -> str:
     """What a run's grid of ``table`` needs said below it: for Table 1, the rows measured before
     a fix (:func:`ccu.report.tables.table1_note`); for Table 2 and AUPR, that its GrCIFAR10 is
-    CIFAR-10's JPEG copy where it is (:func:`out_words`)."""
+    CIFAR-10's JPEG copy where it is (:func:`out_words`); for AUPR, how many OOD images stood
+    against how many test images (:func:`aupr_sizes_note`)."""
     if table == "Table 1":
         return report.table1_note(run.get("table1") or {})
     config = next(iter((run.get("config") or {}).values()), {})
     jpeg = _out_from_jpeg_copy(config) and _tests_grcifar10(config)
+    notes = []
     if table in ("Table 2", "AUPR") and jpeg:
-        return (
+        notes.append(
             "GrCIFAR10 here (and the training out-distribution) is CIFAR-10's JPEG copy, "
             "grey-scaled: near, not equal, to the original images the paper used."
         )
-    return ""
+    if table == "AUPR":
+        notes.append(aupr_sizes_note(run))
+    return " ".join(notes)
+
+
+#: the images of the paper's Noise set: its authors' code (``utils/dataloaders.py``, ``Noise``)
+#: permutes, blurs and rescales the in-distribution's *training* split; every other OOD set and
+#: the test set are scored at test size (Uniform: 100 batches of 100)
+PAPER_NOISE_IMAGES = {"MNIST": 60_000, "FMNIST": 60_000, "SVHN": 73_257, "CIFAR10": 50_000,
+                      "CIFAR100": 50_000}  # fmt: skip
+
+
+def aupr_sizes_note(run: dict) -> str:
+    """AUPR-In, unlike AUROC, depends on how many OOD images stand against each test image: the
+    run's test images and OOD set sizes (where its metrics record them, 0.5.0 on), and the
+    paper's Noise set, drawn from the training split (:data:`PAPER_NOISE_IMAGES`).
+
+    >>> run = {"paper": "MNIST", "metrics": {"CCU": {"n_test": 10000, "ood_sources": {
+    ...     "noise": {"label": "Noise", "n": 10000}, "uniform": {"label": "Uniform", "n": 10000}}}}}
+    >>> aupr_sizes_note(run)[:110]
+    'AUPR-In depends on how many OOD images stand against the test images: here 10,000 test images against Noise '
+    """
+    metrics = next(iter((run.get("metrics") or {}).values()), {})
+    sizes = [f"{s.get('label', name)} {s['n']:,}"
+             for name, s in (metrics.get("ood_sources") or {}).items() if s.get("n")]  # fmt: skip
+    n_test = metrics.get("n_test")
+    if sizes and n_test:
+        ours = f"here {n_test:,} test images against {', '.join(sizes)}"
+    elif n_test:
+        ours = f"here {n_test:,} test images (the OOD sets' sizes are not recorded in this run)"
+    else:
+        ours = "this run's sizes are not recorded"
+    noise = PAPER_NOISE_IMAGES.get(run.get("paper"))
+    paper = (
+        f"; the paper's Noise has {noise:,} images (its code draws it from the training split), "
+        "so its Noise AUPR is not comparable with ours; its AUROC is"
+        if noise
+        else ""
+    )
+    return f"AUPR-In depends on how many OOD images stand against the test images: {ours}{paper}."
 
 
 def provenance_table(root: Path | None = None) -> pd.DataFrame:
