@@ -622,8 +622,8 @@ def aupr_sizes_note(run: dict) -> str:
 
     >>> run = {"paper": "MNIST", "metrics": {"CCU": {"n_test": 10000, "ood_sources": {
     ...     "noise": {"label": "Noise", "n": 10000}, "uniform": {"label": "Uniform", "n": 10000}}}}}
-    >>> aupr_sizes_note(run)[:110]
-    'AUPR-In depends on how many OOD images stand against the test images: here 10,000 test images against Noise '
+    >>> aupr_sizes_note(run).split(": ", 1)[1][:60]
+    'here 10,000 test images against Noise 10,000, Uniform 10,000'
     """
     metrics = next(iter((run.get("metrics") or {}).values()), {})
     sizes = [f"{s.get('label', name)} {s['n']:,}"
