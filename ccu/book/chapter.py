@@ -256,23 +256,29 @@ def bisection_trace(model, x0, level: float = 1.1, iterations: int = 12):
 
 
 # ----------------------------------------------------------------------------- figure 2
-def worst_cases_of_run(adv, data: Dataset, prof: Profile, seed: int, rows: int = 4):
+def worst_cases_of_run(
+    adv, data: Dataset, prof: Profile, seed: int, rows: int = 4, runs: dict | None = None
+):
     """Figure 2's rows (see :func:`ccu.book.plots.plot_worst_cases`) from
-    :func:`ccu.run.adversarial_noise.adversarial_noise`'s result: the first ``rows`` attacked (certified)
-    noise centres."""
+    :func:`ccu.run.adversarial_noise.adversarial_noise`'s result: the first ``rows`` attacked
+    (certified) noise centres. With the ``runs`` attacked (their test scores), each row also
+    says per method whether its worst case stayed below the median test score (``not_fooled``:
+    the paper's Figure 2 sets those in bold; SR counts the others)."""
     centres = adv.centres[adv.certified]
     rows = min(rows, len(centres))
-    return [
-        {
-            "label": f"centre {i}",
-            "centre": centres[i],
-            "worst": {
-                m: (np.asarray(adv.worst_x[m])[i], float(np.asarray(adv.worst_score[m])[i]))
-                for m in adv.methods
-            },
+    medians = {m: float(np.median(np.asarray(runs[m].scores["test"])))
+               for m in adv.methods if runs and m in runs}  # fmt: skip
+    out = []
+    for i in range(rows):
+        worst = {
+            m: (np.asarray(adv.worst_x[m])[i], float(np.asarray(adv.worst_score[m])[i]))
+            for m in adv.methods
         }
-        for i in range(rows)
-    ]
+        row = {"label": f"centre {i}", "centre": centres[i], "worst": worst}
+        if medians:  # below the median: not a success (ev.success_rate counts >= the median)
+            row["not_fooled"] = {m: worst[m][1] < medians[m] for m in medians}
+        out.append(row)
+    return out
 
 
 def worst_cases_of_reference(dataset: str, ref: dict, rows: int = 2):

@@ -222,7 +222,9 @@ def plot_worst_cases(rows: list[dict], methods=None):
     in the certified ball with its confidence (the raw score for MCD and Maha) above it.
 
     ``rows``: dicts with ``label`` (the row's name), ``centre`` (the image, (C, H, W)) and ``worst``
-    (``{method: (image, score)}``); a method missing from a row leaves its panel empty.
+    (``{method: (image, score)}``); a method missing from a row leaves its panel empty. A row's
+    optional ``not_fooled`` (``{method: bool}``) sets the title of a worst case that stayed below
+    the method's median test score in bold, as the paper's Figure 2 does.
     Chapter *Adversarial noise* (``book/adversarial_noise.ipynb``).
     """
     from ccu.methods import ordered  # the paper's column order
@@ -252,7 +254,9 @@ def plot_worst_cases(rows: list[dict], methods=None):
                 continue
             img, score = row["worst"][m]
             _show_image(ax, img)
-            ax.set_title(score_label(m, float(score)), fontsize=8)
+            bold = row.get("not_fooled", {}).get(m, False)
+            ax.set_title(score_label(m, float(score)), fontsize=8,
+                         fontweight="bold" if bold else "normal")  # fmt: skip
     fig.tight_layout()
     return fig
 

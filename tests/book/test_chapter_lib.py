@@ -1,6 +1,8 @@
 """The computations behind the chapters' prose, figures and tables (ccu.book.chapter, plots, report;
 the guarantees the prose checks: tests/book/test_book_checks.py)."""
 
+from types import SimpleNamespace
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -101,6 +103,21 @@ def test_figure2_rows_of_a_run():
     assert rows[1]["worst"]["Base"][1] == pytest.approx(np.log(0.9))
     assert plots.score_label("Base", np.log(0.9)) == "Base\nconf. 0.900"
     assert plots.score_label("Maha", -12.5) == "Maha\nscore -12.5"
+    # with the runs' test scores: a worst case below the median test score is not a success,
+    # and its title is bold, as in the paper's Figure 2
+    test = {"Base": np.log([0.5, 0.95, 0.99]), "Maha": np.array([-20.0, -10.0, -5.0])}
+    runs = {m: SimpleNamespace(scores={"test": s}) for m, s in test.items()}
+    rows = chapter.worst_cases_of_run(adv, Data, prof, seed=0, rows=3, runs=runs)
+    assert rows[0]["not_fooled"] == {"Base": True, "Maha": True}  # 0.9 < 0.95, -12.5 < -10
+    fig = plots.plot_worst_cases(rows)
+    weights = {ax.get_title().split("\n")[0]: ax.title.get_fontweight() for ax in fig.axes[1:3]}
+    assert weights == {"Base": "bold", "Maha": "bold"}
+    runs["Base"].scores["test"] = np.log([0.5, 0.6, 0.7])  # now 0.9 beats the median: fooled
+    rows = chapter.worst_cases_of_run(adv, Data, prof, seed=0, rows=3, runs=runs)
+    assert rows[0]["not_fooled"]["Base"] is False
+    fig = plots.plot_worst_cases(rows)
+    assert fig.axes[1].title.get_fontweight() == "normal"
+    plt.close("all")
 
 
 def test_radius_histograms_count_uncertified_points():
