@@ -64,6 +64,14 @@ class CCU(nn.Module):
                     f"{name} must be a ccu.DensityModel (e.g. ccu.GaussianMixture); "
                     f"got {type(d).__name__}."
                 )
+        own_in = {id(p) for p in density_in.parameters()}
+        if density_in is density_out or any(id(p) in own_in for p in density_out.parameters()):
+            raise ValueError(
+                "density_in and density_out must be two mixtures with parameters of their own: "
+                "the constraint theta >= 2 max sigma, enforced after every step, would otherwise "
+                "widen both at once (every variance x4 a step); build a second one, e.g. "
+                "copy.deepcopy(density_in)."
+            )
         if density_in.dim != density_out.dim:
             raise ValueError(
                 f"density_in is {density_in.dim}-dimensional but density_out is "

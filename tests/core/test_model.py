@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -152,3 +153,17 @@ def test_loss_matches_hand_computation():
     torch.testing.assert_close(terms.loss, -want.detach())
     with pytest.raises(ValueError, match="labels"):
         ccu.ccu_loss(model, x, y + 5, z)
+
+
+def test_one_mixture_cannot_be_both_densities():
+    """The constraint theta >= 2 max sigma, enforced after every step, would widen a mixture
+    shared by both densities (every variance x4 a step)."""
+    model = random_ccu(0, d=3)
+    g = model.density_in
+    with pytest.raises(ValueError, match="parameters of their own"):
+        ccu.CCU(SaturatedClassifier(4), g, g, 4)
+    other = copy.deepcopy(g)
+    other.log_variances = g.log_variances  # one parameter shared
+    with pytest.raises(ValueError, match="parameters of their own"):
+        ccu.CCU(SaturatedClassifier(4), g, other, 4)
+    ccu.CCU(SaturatedClassifier(4), g, copy.deepcopy(g), 4)  # a copy is fine
