@@ -348,8 +348,9 @@ def own_certificates(adv, names) -> dict:
 @torch.no_grad()
 def normalisation_check(extent: float = 15.0, n: int = 601) -> dict:
     """Integrate a 2-D Gaussian mixture (eq. (4)) on a grid: the library's density (normaliser
-    with ``(det C)^(-1/2)``) and the paper's printed one (``(det C)^(-d/2)``). Chapter
-    *Corollary 1 and the certified radius* (``book/corollary1.ipynb``).
+    with ``(det C)^(-1/2)``); the paper's printed one (``(det C)^(-d/2)``) is the same density
+    times ``(det C)^((1-d)/2)``, so its mass is the integral times that factor (not a second
+    integration). Chapter *Corollary 1 and the certified radius* (``book/corollary1.ipynb``).
 
     Returns ``ours`` and ``printed`` (the two total masses) and ``det_c``.
     """
