@@ -481,6 +481,92 @@ def test_the_checker_tries_the_points_where_a_mixtures_bounds_are_reached():
     assert check_density(good, centres=centres, max_examples=10).passed
 
 
+def test_the_checker_catches_a_lower_bound_slightly_too_high():
+    """An out-density's lower bound too high makes b too small and the confidence bound too
+    low: the checker must fail it as it fails an upper bound too low (no test had one)."""
+
+    class HighByOnePart(ccu.GaussianMixture):
+        def ball_bounds_whitened(self, w0):
+            b = super().ball_bounds_whitened(w0)
+            return ccu.BallBounds.from_functions(
+                len(w0), upper=b.upper,
+                lower=lambda r: b.lower(r) + 1e-9 * (1 + b.lower(r).abs()),
+            )  # fmt: skip
+
+    d = 16
+    metric = ccu.Mahalanobis.identity(d)
+    mean = torch.zeros(1, d, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.randn(8, d, generator=gen, dtype=torch.float64) + 3e4
+    high = HighByOnePart(mean, torch.tensor([0.0]), torch.zeros(1), metric)
+    report = check_density(high, centres=centres, max_examples=10, raise_on_failure=False)
+    assert not report.passed and report.max_excess_lower > 5e-10
+
+
+class HiddenMean(ccu.DensityModel):
+    """One Gaussian N(loc, I) in whitened space with no attribute named ``mean(s)``: the
+    checker cannot walk towards its mean, and must find its extremes itself. ``low_upper`` and
+    ``high_lower``: shares of the ball's range ``upper - lower`` the bounds are off by."""
+
+    def __init__(self, metric, loc, low_upper=0.0, high_lower=0.0):
+        super().__init__(metric)
+        self.loc = torch.nn.Parameter(torch.as_tensor(loc, dtype=torch.float64))
+        self.low_upper, self.high_lower = low_upper, high_lower
+
+    def _log_norm(self):
+        return -0.5 * self.dim * math.log(2 * math.pi)
+
+    def log_prob_whitened(self, w):
+        return self._log_norm() - 0.5 * (w - self.loc.to(w.dtype)).square().sum(1)
+
+    def ball_bounds_whitened(self, w0):
+        with torch.no_grad():
+            dist = (w0 - self.loc.double()).norm(dim=1)
+        c = self._log_norm()
+
+        def up(r):
+            return c - 0.5 * (dist - r).clamp_min(0).square()
+
+        def lo(r):
+            return c - 0.5 * (dist + r).square()
+
+        return ccu.BallBounds.from_functions(
+            len(w0),
+            upper=lambda r: up(r) - self.low_upper * (up(r) - lo(r)),
+            lower=lambda r: lo(r) + self.high_lower * (up(r) - lo(r)),
+        )
+
+    @classmethod
+    def fit(cls, x, metric, seed=0, **options):
+        return cls(metric, metric.whiten(x.reshape(len(x), -1).double()).mean(0))
+
+    def config(self):
+        return {}
+
+    @classmethod
+    def empty(cls, metric):
+        return cls(metric, torch.zeros(metric.dim))
+
+
+@pytest.mark.parametrize("offset", [3.0, 3e4])
+@pytest.mark.parametrize("wrong", [{"high_lower": 1e-2}, {"low_upper": 1e-3}])
+def test_a_family_without_means_is_searched_along_its_gradient(offset, wrong):
+    """Without means to walk towards, the checker relied on a descent whose steps shrank 0.8
+    a step from a random start: a lower bound 1 % of the ball's range too high passed (and an
+    upper bound 1e-3 too low, far from the data), each certifying false balls. The diameter
+    along the gradient at the centre and a backtracking ascent from the best point found catch
+    both; the exact bounds still pass."""
+    d = 16
+    metric = ccu.Mahalanobis.identity(d)
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.randn(8, d, generator=gen, dtype=torch.float64) + offset
+    bad = HiddenMean(metric, torch.zeros(d), **wrong)
+    report = check_density(bad, centres=centres, max_examples=10, raise_on_failure=False)
+    assert not report.passed
+    good = HiddenMean(metric, torch.zeros(d))
+    assert check_density(good, centres=centres, max_examples=10).passed
+
+
 def test_the_batch_check_asks_for_more_than_25_centres():
     """``torch.cdist`` takes another path above 25 rows: a family whose bounds differ only
     in such batches passed a check of 8 rows."""
