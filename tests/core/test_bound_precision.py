@@ -123,6 +123,22 @@ def test_the_exact_bound_at_every_returned_radius_is_below_the_level(d):
     assert (above > np.longdouble(1.1) / 10).all()
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_margin_scales_with_the_bounds_terms_not_the_target(seed):
+    """Narrower mixtures put |log p| near 3.5e4 at the noise centres: a rounding margin of
+    1e-12 of the target alone (~1) let the exact bound at the returned radius rise above the
+    level (by 1.5e-13); the margin of 1e-12 of the terms' magnitudes keeps it below."""
+    model, centres = float32_ccu(784, seed=seed)
+    with torch.no_grad():
+        model.density_in.log_variances.sub_(4.0)
+        model.density_out.log_variances.sub_(4.0)
+    radius = ccu.certified_radius(model, centres, level=1.1, rtol=1e-15)
+    ok = ccu.certified_mask(radius)
+    assert int(ok.sum()) >= 4
+    exact = extended_bound(model, centres[ok], radius[ok])
+    assert (exact <= np.longdouble(1.1) / 10).all(), float((exact - np.longdouble(0.11)).max())
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), d=st.integers(2, 40), r=st.floats(0.0, 20.0))
 def test_random_float32_models_bound_as_their_float64_copies(seed, d, r):

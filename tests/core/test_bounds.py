@@ -282,7 +282,7 @@ def test_a_nan_confidence_inside_a_certified_ball_is_a_violation():
     assert check.violated.tolist() == [True, False]
 
 
-@pytest.mark.parametrize("offset", [0.0, 1e4, 1e8])
+@pytest.mark.parametrize("offset", [0.0, 1e4, 1e7, 1e8])
 def test_the_nearest_training_point_is_found_with_direct_distances(offset):
     """Theorem 1's left-hand side (and the images inside the balls): the expansion picks the
     candidates fast, within its rounding bound, and they are measured directly; far from the
@@ -314,3 +314,21 @@ def test_the_nearest_training_point_when_the_squares_overflow():
     train = torch.tensor([[1e160, 0.0, 0.0], [0.0, 1e160, 0.0]], dtype=torch.float64)
     d, j = nearest_training_point(metric, train[:1].clone(), train)
     assert float(d[0]) == 0.0 and int(j[0]) == 0
+
+
+def test_theorem1_distance_is_the_proofs_formula_on_a_line():
+    """Every term of Theorem 1's distance by hand, on a 1-D model where the mean-to-mean term
+    is not 0 (on the rays and the printed counterexample it vanishes or has room to spare):
+    in N(0, 1), out N(3, 4), the training point at 0, eps 1e-3, M = 10, z = 50."""
+    metric = ccu.Mahalanobis.identity(1)
+    one = torch.zeros(1, dtype=torch.float64)
+    gin = ccu.GaussianMixture(torch.zeros(1, 1), one, one, metric)
+    gout = ccu.GaussianMixture(torch.full((1, 1), 3.0), one + math.log(4.0), one, metric)
+    model = ccu.CCU(SaturatedClassifier(10), gin, gout, 10).double()
+    train = torch.zeros(1, 1, dtype=torch.float64)
+    eps, delta, theta = 1e-3, 4.0 - 1.0, 2.0
+    # sum_k alpha_k / beta_l* = (2 pi)^-1/2 / (2 pi 4)^-1/2 = 2; log((M - 1)/(eps lam) * 2)
+    log_term = math.log(9 / eps * 2.0)
+    want = 0.0 + 3.0 * (2 / delta + 1 / math.sqrt(delta)) + theta * math.sqrt(2 * log_term / delta)
+    got = float(ccu.theorem1_distance(model, torch.full((1, 1), 50.0), train, eps)[0])
+    assert got == pytest.approx(want, rel=1e-6)  # the parameters are stored in float32
