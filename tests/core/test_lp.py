@@ -98,6 +98,17 @@ def test_linf_bound_on_an_image_like_metric_is_tight_within_the_reported_gap():
     assert b.best in b.candidates
 
 
+def test_the_inner_linf_radius_divides_by_the_provable_upper_kappa():
+    """Where the vertex search is not exact (D = 64: a gap above 1), dividing by its lower
+    bound overstates the inner l_inf radius; only the provable upper bound keeps the l_inf
+    ball inside the Mahalanobis one."""
+    metric = floored_metric(2, 64)
+    b = lp.linf_norm_bounds(metric)
+    assert b.gap > 1.0
+    radius = torch.tensor([1.0, 7.5], dtype=torch.float64)
+    torch.testing.assert_close(ccu.inner_lp_radius(metric, radius, math.inf), radius / b.upper)
+
+
 def test_a_too_small_factor_is_caught_by_brute_force():
     """The checks above can fail: a factor 1 % too small lets points leave the ball (l_2, where
     the conversion is exact) and 5 % below the vertex maximum does (l_inf)."""

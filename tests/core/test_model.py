@@ -167,3 +167,22 @@ def test_one_mixture_cannot_be_both_densities():
     with pytest.raises(ValueError, match="parameters of their own"):
         ccu.CCU(SaturatedClassifier(4), g, other, 4)
     ccu.CCU(SaturatedClassifier(4), g, copy.deepcopy(g), 4)  # a copy is fine
+
+
+def test_theorem1_refuses_a_mixture_subclass_that_declares_itself_outside_it():
+    """A GaussianMixture subclass with ``theorem1 = False`` (its log_prob or bounds are its own)
+    gets no Theorem 1 distance: the proof is about eq. (4)'s mixtures only."""
+
+    class OwnBounds(ccu.GaussianMixture):
+        theorem1 = False
+
+    model = random_ccu(0, d=3)
+    g = model.density_out
+    other = OwnBounds.from_whitened(
+        g.whitened_means.detach(), g.log_variances.detach(), g.log_weights.detach(), g.metric
+    )
+    mixed = ccu.CCU(SaturatedClassifier(4), model.density_in, other, 4).double()
+    train = torch.zeros(2, 3, dtype=torch.float64)
+    with pytest.raises(ccu.TheoremNotApplicable):
+        ccu.theorem1_distance(mixed, torch.ones(1, 3, dtype=torch.float64), train, 0.1)
+    ccu.theorem1_distance(model, torch.ones(1, 3, dtype=torch.float64), train, 0.1)  # eq. (4)'s

@@ -67,6 +67,29 @@ def test_the_field_eps_of_good_and_prood():
     assert certificates.FIELD_EPS == {"grey": 0.3, "colour": 0.01}
     for k, eps in certificates.FIELD_EPS.items():
         assert eps in certificates.LINF_SWEEP[k]
+    # GOOD's Table 1 takes 0.03 on SVHN (0.01 on CIFAR-10): in the colour sweep too
+    assert certificates.field_eps("colour", "SVHN") == 0.03
+    assert certificates.field_eps("colour", "CIFAR10") == 0.01
+    assert certificates.FIELD_EPS_DATASET["SVHN"] in certificates.LINF_SWEEP["colour"]
+
+
+@pytest.mark.parametrize("p", [2, math.inf])
+def test_the_sweeps_bounds_are_the_lp_bound_of_their_own_norm(p):
+    """Points a few units from the in-means, where the bound lies strictly between 1/M and 1
+    (far out every bound is 1/M, and a kappa of the wrong norm went unnoticed)."""
+    model = random_ccu(4, d=5)
+    gen = torch.Generator().manual_seed(0)
+    means = model.density_in.whitened_means.detach().double() @ model.metric.unwhitening
+    x = means[:1] + 0.7 * torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    eps_values = [0.05, 0.2]
+    swept = certificates.lp_bounds(model, x, eps_values, p)
+    for eps in eps_values:
+        want = ccu.lp_confidence_bound(model, x, eps, p).cpu().numpy()
+        assert np.array_equal(swept[eps], want)
+        inside = (want > 1 / model.num_classes + 1e-6) & (want < 1 - 1e-6)
+        assert inside.sum() >= 2  # the bounds tell the norms apart here
+    other = certificates.lp_bounds(model, x, eps_values, 2 if p == math.inf else math.inf)
+    assert not np.array_equal(other[0.2], swept[0.2])
 
 
 def test_evaluate_guarantees_writes_and_reference_copies(tmp_path, capsys):
