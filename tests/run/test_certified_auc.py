@@ -50,6 +50,34 @@ def test_the_certified_auc_of_the_balls_is_about_the_float64_model():
     assert balls.summary[CERTIFIED_AUC] == 1.0 and int(balls.ok.sum()) == 20
 
 
+def test_balls_with_uncertified_centres_and_images_inside(monkeypatch):
+    """Centres at the in-means (uncertified: no ball) and far out (certified), training images
+    right at the certified centres: each uncertified centre counts as a failure in the
+    certified AUC, the saved bound is the bound of its own radius (at most the level), and the
+    training images inside are counted (every earlier test had all centres certified, the AUC
+    computed from the saved bound and no training image inside)."""
+    model = random_ccu(0, d=4, num_classes=4)
+    means = model.density_in.means.detach().float()
+    gen = torch.Generator().manual_seed(0)
+    far = 40.0 + torch.rand(5, 4, generator=gen)
+    centres = torch.cat([means[:3], far])
+    monkeypatch.setattr("ccu.run.balls.uniform_noise", lambda n, shape, seed: centres[:n])
+    data = types.SimpleNamespace(
+        spec=types.SimpleNamespace(shape=(4,)), train_x=far + 1e-6, test_x=means
+    )
+    balls = certify_balls("CCU", model, data, len(centres), seed=0, level=1.1)
+    ok = balls.ok
+    assert ok.tolist() == [False] * 3 + [True] * 5
+    want = confidence_bound(model, centres[ok], balls.radii[ok])
+    torch.testing.assert_close(balls.bound[ok].double(), want.cpu().double(), rtol=0, atol=0)
+    assert bool((balls.bound[ok] <= 1.1 / 4 * (1 + 1e-12)).all())
+    conf64 = float64_confidence(model, means).numpy()
+    auc = balls.summary[CERTIFIED_AUC]
+    assert auc == ev.strict_auc(conf64, torch.where(ok, balls.bound, 1.0).numpy())
+    assert auc <= float(ok.double().mean())  # an uncertified centre never counts as a success
+    assert balls.summary["images_inside_balls"] == 5  # the training images at the centres
+
+
 def test_the_attack_rows_certified_aucs_ignore_the_saved_float32_confidences(tmp_path):
     prof = get_profile("smoke", "digits", **TINY)
     data = run_data("digits", prof)
