@@ -503,6 +503,37 @@ def test_the_checker_catches_a_lower_bound_slightly_too_high():
     assert not report.passed and report.max_excess_lower > 5e-10
 
 
+@pytest.mark.parametrize("wrong", ["upper", "lower"])
+def test_the_checker_fails_a_mixture_of_more_than_its_nearest_means(wrong):
+    """Twelve components (the checker walks towards the 8 nearest means), one of weight ~1 at
+    the origin: bounds off by 1e-9 of |log p| are caught, far from the data."""
+    d, k = 16, 12
+    metric = ccu.Mahalanobis.identity(d)
+    means = torch.zeros(k, d, dtype=torch.float64)
+    means[1:, 0] = -1e6 * torch.arange(1, k, dtype=torch.float64)
+    log_w = torch.full((k,), math.log(1e-30))
+    log_w[0] = 0.0
+    log_w = log_w - torch.logsumexp(log_w, 0)
+    shift = 1e-9
+
+    class OffByOnePart(ccu.GaussianMixture):
+        def ball_bounds_whitened(self, w0):
+            b = super().ball_bounds_whitened(w0)
+            up_shift = shift if wrong == "upper" else 0.0
+            lo_shift = shift if wrong == "lower" else 0.0
+            return ccu.BallBounds.from_functions(
+                len(w0), upper=lambda r: b.upper(r) - up_shift * (1 + b.upper(r).abs()),
+                lower=lambda r: b.lower(r) + lo_shift * (1 + b.lower(r).abs()),
+            )  # fmt: skip
+
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.randn(8, d, generator=gen, dtype=torch.float64) + 3e4
+    bad = OffByOnePart(means, torch.zeros(k), log_w, metric)
+    assert not check_density(bad, centres=centres, max_examples=10, raise_on_failure=False).passed
+    good = ccu.GaussianMixture(means, torch.zeros(k), log_w, metric)
+    assert check_density(good, centres=centres, max_examples=10).passed
+
+
 class HiddenMean(ccu.DensityModel):
     """One Gaussian N(loc, I) in whitened space with no attribute named ``mean(s)``: the
     checker cannot walk towards its mean, and must find its extremes itself. ``low_upper`` and
