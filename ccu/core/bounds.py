@@ -28,8 +28,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ccu.core.attacks import AttackResult, ball_attack, confidence_score, sample_in_ball
-from ccu.core.density import _radius, float64_copy, whiten64
+from ccu.core.attacks import (
+    AttackResult,
+    ball_attack,
+    confidence_score,
+    confidence_surrogate,
+    project_exact,
+    sample_in_ball,
+)
+from ccu.core.density import _radius, component_means, float64_copy, whiten64
 from ccu.core.metric import exact_distances, expanded_squared_distances, expansion_error
 from ccu.core.model import CCU
 from ccu.core.validation import as_tensor, check_batch
@@ -465,14 +472,11 @@ def toward_means(model: CCU, centres, radius, n_means: int = TOWARD_MEANS, box=(
     (``n = min(n_means, K_i)``) on the centres' device; None for an in-density without means
     (``whitened_means``, ``means`` or ``mean``). Chapter *Corollary 1 and the certified
     radius* (:func:`ccu.book.checks.corollary1_check`)."""
-    from ccu.core.attacks import project_exact
-    from ccu.core.density_check import _whitened_means
-
     _check_model(model)
     centres = _centres(model, centres)
     metric = model.metric
     W_inv = metric.unwhitening.double()
-    mu = _whitened_means(model.density_in, model.dim)
+    mu = component_means(model.density_in, model.dim)
     if mu is None:  # a density family without means (``whitened_means``, ``means``, ``mean``)
         return None
     mu = mu.to(W_inv.device)
@@ -518,8 +522,6 @@ def attack_certificates(
     the ball's edge (:func:`toward_means`) and draw ``n_samples`` uniform points; the worst point
     per ball is judged by the float64 model (:func:`check_certificate`). Uncertified centres are
     skipped."""
-    from ccu.core.attacks import confidence_surrogate
-
     _check_model(model)
     centres = as_tensor(centres, "centres")
     if radius is None:

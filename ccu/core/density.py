@@ -233,6 +233,18 @@ def float64_copy(density: DensityModel) -> DensityModel:
     return twin
 
 
+def component_means(density, d: int) -> torch.Tensor | None:
+    """A density's component means in whitened coordinates (K, D), float64, if it has them
+    (``whitened_means``, else ``means`` or ``mean`` of the right width), else None: where the
+    density checker (:func:`ccu.core.density_check.check_density`) and the Corollary 1 check
+    (:func:`ccu.core.bounds.toward_means`) look for a family's extremes."""
+    for name in ("whitened_means", "means", "mean"):
+        m = getattr(density, name, None)
+        if isinstance(m, torch.Tensor) and m.shape[-1:] == (d,) and m.ndim in (1, 2):
+            return m.detach().double().reshape(-1, d)
+    return None
+
+
 def whiten64(metric: Mahalanobis, x0, dim: int) -> torch.Tensor:
     """Centres (N, ...) checked, flattened and whitened in float64 (what the bounds use)."""
     x0 = check_batch(as_tensor(x0, "x0"), dim, "x0")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ccu.core.bounds import ROUNDING_MARGIN
-from ccu.core.density import DensityModel
+from ccu.core.density import DensityModel, component_means
 from ccu.core.errors import CorruptResultError
 from ccu.core.validation import as_tensor, check_batch
 
@@ -149,16 +149,6 @@ class DensityCheckReport:
         if len(self.failures) > 10:
             lines.append(f"  ... and {len(self.failures) - 10} more")
         return "\n".join(lines)
-
-
-def _whitened_means(density, d: int) -> torch.Tensor | None:
-    """The density's component means in whitened coordinates (K, D), float64, if it has them
-    (``whitened_means``, else ``means`` or ``mean`` of the right width), else None."""
-    for name in ("whitened_means", "means", "mean"):
-        m = getattr(density, name, None)
-        if isinstance(m, torch.Tensor) and m.shape[-1:] == (d,) and m.ndim in (1, 2):
-            return m.detach().double().reshape(-1, d)
-    return None
 
 
 def _source(cls, method: str) -> tuple[str, int]:
@@ -427,7 +417,7 @@ def check_density(
         pool = None
     report = DensityCheckReport(type(density).__name__)
     gaps: list[torch.Tensor] = []
-    means = _whitened_means(dens64, d)
+    means = component_means(dens64, d)
     if means is not None:
         means = means.to(W.device)
     seen: set = set()  # distinct balls: hypothesis may draw the same centre and radius again

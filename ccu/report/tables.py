@@ -346,7 +346,7 @@ def density_comparison(metrics: dict[str, dict], table1: dict, config: dict | No
         rows[method] = row
     table = pd.DataFrame(rows).T
     table.attrs["abbreviations"] = {  # not Table 1's AUC: the bound, not the attack's points
-        "AUC": (
+        AUC: (
             "certified AUC: the in-distribution test confidences against each method's own "
             "bound over its certified balls around the noise centres (an uncertified centre, "
             "and a tie, count as failures)"
