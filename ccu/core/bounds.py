@@ -489,12 +489,9 @@ def toward_means(model: CCU, centres, radius, n_means: int = TOWARD_MEANS, box=(
     d = means[idx] - x0[:, None, :]  # (N, n, D)
     length = whiten64(metric, d.reshape(-1, d.shape[-1]), model.dim).norm(dim=1).reshape(len(x0), n)
     t = torch.minimum(rad[:, None] / length.clamp_min(1e-300), torch.ones_like(length))
-    if box is not None:  # stay in the box: both ends in it keep the whole segment in it
-        lo, hi = box
-        room = torch.where(d > 0, (hi - x0[:, None, :]) / d, (lo - x0[:, None, :]) / d)
-        room = torch.where(d == 0, torch.full_like(room, float("inf")), room).clamp_min(0.0)
-        t = torch.minimum(t, room.min(dim=2).values)
     x = (x0[:, None, :] + t[..., None] * d).reshape(-1, d.shape[-1])
+    if box is not None:  # into the box pixel by pixel; project_exact then scales into the ball
+        x = x.clamp(*box)
     seeds = x0.repeat_interleave(n, 0)
     x, _ = project_exact(x.to(centres.dtype), seeds.to(centres.dtype), rad.repeat_interleave(n),
                          metric, box)  # fmt: skip
@@ -535,15 +532,21 @@ def attack_certificates(
         )
     x0, r = centres[ok.to(centres.device)], radius[ok]
     shape = centres.shape[1:]
+    n = len(x0)
     twin = copy.deepcopy(model).float().eval()  # the forward pass an attacker would run
     x32 = x0.float()
     pgd = dict(box=box, seed=seed, gradient="normalised", refine_steps=steps)
     # unit steps: CCU's log-confidence is flat far out, so the raw gradient's steps are 0
     attack = ball_attack(confidence_score(twin), x32, r, model.metric, steps, restarts, **pgd)
     climb = ball_attack(confidence_surrogate(twin), x32, r, model.metric, steps, restarts, **pgd)
-    samples = sample_in_ball(x32, r, model.metric, n_samples, seed=seed, box=box)
-    means = toward_means(model, x32, r, n_means, box=box)
-    n = len(x0)
+    # every point made exactly feasible around the centres as given (the attacks ran around
+    # their float32 copies: a float64 centre's ball is not the float32 one's)
+    flat0 = x0.reshape(n, -1)
+    for res in (attack, climb):
+        pts, dist = project_exact(res.x.reshape(n, -1).to(x0.dtype), flat0, r, model.metric, box)
+        res.x, res.distance = pts.reshape(res.x.shape), dist
+    samples = sample_in_ball(x0, r, model.metric, n_samples, seed=seed, box=box)
+    means = toward_means(model, x0, r, n_means, box=box)
 
     def best_of(points):  # (N, k, ...) -> each ball's point of highest float64 confidence
         flat = points.reshape(-1, *shape)
@@ -561,7 +564,7 @@ def attack_certificates(
         candidates.append((best_mean, means_max))
     worst, p = best_attack, p_attack
     for other, p_other in candidates:
-        higher = p_other > p
+        higher = (p_other > p) | p_other.isnan()  # a NaN confidence is judged (a violation)
         worst = torch.where(higher.reshape(-1, *[1] * len(shape)), other, worst)
         p = torch.maximum(p, p_other)
     check = check_certificate(model, worst, x0, r, box=box)

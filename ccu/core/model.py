@@ -137,7 +137,11 @@ class CCU(nn.Module):
         # 1e6); where r < 0 the two forms are one.
         log_lam = self.log_lam.to(log_pi.dtype)
         r = (log_pi - log_po)[:, None]
-        r_minus, r_plus = r.clamp(max=0.0), r.clamp(min=0.0)
+        # torch.where, not clamp: clamp passes no gradient at r == 0 on either side (r is 0
+        # exactly for two equal mixtures, and often in float32 far out), where must pass one
+        positive = r > 0
+        r_minus = torch.where(positive, torch.zeros_like(r), r)
+        r_plus = torch.where(positive, r, torch.zeros_like(r))
         const = log_lam - math.log(self.num_classes)
         num = torch.logaddexp(log_softmax + r_minus, const - r_plus)
         log_py = num - torch.logaddexp(r_minus, log_lam - r_plus)

@@ -118,6 +118,16 @@ def test_figure2_rows_of_a_run():
     fig = plots.plot_worst_cases(rows)
     assert fig.axes[1].title.get_fontweight() == "normal"
     plt.close("all")
+    # the median SR compares with is of the scores in float64: a worst case one float32 step
+    # from the middle of two test scores is bold exactly when it is not a success
+    from ccu.core import evaluate as ev
+
+    pair = np.array([0.70199394, 0.70199424], dtype=np.float32)
+    worst = float(np.float32(0.70199406))
+    adv.worst_score["Base"] = np.full(4, worst)
+    runs["Base"].scores["test"] = pair
+    rows = chapter.worst_cases_of_run(adv, Data, prof, seed=0, rows=1, runs=runs)
+    assert rows[0]["not_fooled"]["Base"] == (ev.success_rate([worst], pair) == 0.0)
 
 
 def test_radius_histograms_count_uncertified_points():

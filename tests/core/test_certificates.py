@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from helpers import floored_metric, random_ccu, tight_ccu
+from helpers import SaturatedClassifier, floored_metric, random_ccu, tight_ccu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -226,3 +226,63 @@ def test_attack_certificates_leave_a_centre_where_the_confidence_is_flat():
     too_large = ccu.attack_certificates(model, x0, radius=1.5 * radius, **kw)
     assert float(too_large.check.confidence64[0]) > 0.5
     assert float(too_large.attack_confidence[0]) > 0.5  # the attack on the surrogate, too
+
+
+def test_float64_centres_are_attacked_in_their_own_balls():
+    """The attacks run around the centres' float32 copies; their points are made feasible for
+    the float64 centres the check judges them against (6 of 20 lay outside by 1.7e-7)."""
+    from ccu.book import checks as book_checks
+
+    model, x0, _ = tight_ccu(d=8, input_scale=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    centres = x0 + 1e-7 * torch.randn(20, 8, generator=gen, dtype=torch.float64)
+    radius = ccu.certified_radius(model, centres, level=1.1)
+    tried = ccu.attack_certificates(
+        model, centres, radius=radius, steps=10, restarts=1, n_samples=20, box=None
+    )
+    assert tried.check.n_outside == 0 and tried.check.n_violations == 0
+    prof = ccu.get_profile("smoke", attack_steps=10, attack_restarts=1)
+    book_checks.corollary1_check(model, centres, radius, prof, n_samples=20)  # raises if not
+
+
+class _NaNBelow(torch.nn.Module):
+    """Saturated logits, NaN where the second coordinate is below ``threshold``."""
+
+    def __init__(self, num_classes, threshold):
+        super().__init__()
+        self.num_classes, self.threshold = num_classes, threshold
+
+    def forward(self, x):
+        out = torch.zeros(len(x), self.num_classes, dtype=x.dtype)
+        out[:, 0] = 60.0
+        out[x.reshape(len(x), -1)[:, 1] < self.threshold] = float("nan")
+        return out
+
+
+def test_a_nan_confidence_any_search_finds_is_judged_a_violation():
+    """A NaN confidence inside a certified ball is a violation; one found only by the samples
+    was passed over for the attack's finite point (the NaN lost every comparison)."""
+    model, x0, _ = tight_ccu(d=8, input_scale=1e-3)
+    radius = ccu.certified_radius(model, x0, level=1.1)
+    model.classifier = _NaNBelow(model.num_classes, 0.5 - 0.3 * float(radius[0]) * 1e-3)
+    tried = ccu.attack_certificates(
+        model, x0, radius=radius, steps=10, restarts=1, n_samples=200, box=None
+    )
+    assert bool(tried.sampled_max.isnan().all())
+    assert tried.check.n_violations == 1 and bool(tried.check.confidence64.isnan().all())
+
+
+def test_the_walk_towards_a_mean_beyond_a_face_of_the_box_slides_along_it():
+    """A centre with a pixel near 0 and a mean beyond that face: the walk stopped where the
+    segment met the face (0.073 from the centre); clipped into the box and projected into the
+    ball it reaches the ball's edge inside the box."""
+    from ccu.core.bounds import toward_means
+
+    metric = ccu.Mahalanobis.identity(2)
+    gin = ccu.GaussianMixture(torch.tensor([[-0.01, 0.9]]), torch.zeros(1), torch.zeros(1), metric)
+    gout = ccu.GaussianMixture(torch.tensor([[0.5, 0.5]]), torch.ones(1), torch.zeros(1), metric)
+    model = ccu.CCU(SaturatedClassifier(2), gin, gout, 2).double()
+    x0 = torch.tensor([[0.001, 0.1]], dtype=torch.float64)
+    point = toward_means(model, x0, torch.tensor([0.5], dtype=torch.float64))[0, 0]
+    assert float((point - x0[0]).norm()) > 0.49 and float((point - x0[0]).norm()) <= 0.5
+    assert bool(((point >= 0) & (point <= 1)).all())

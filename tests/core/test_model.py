@@ -186,3 +186,24 @@ def test_theorem1_refuses_a_mixture_subclass_that_declares_itself_outside_it():
     with pytest.raises(ccu.TheoremNotApplicable):
         ccu.theorem1_distance(mixed, torch.ones(1, 3, dtype=torch.float64), train, 0.1)
     ccu.theorem1_distance(model, torch.ones(1, 3, dtype=torch.float64), train, 0.1)  # eq. (4)'s
+
+
+@pytest.mark.parametrize("r", [-2.0, 0.0, 2.0])
+def test_the_density_ratio_passes_its_gradient_at_every_r(r):
+    """At r = log p(x|i) - log p(x|o) = 0 exactly (two equal mixtures; often in float32 far
+    out) clamp passed no gradient to either density: the derivative of log p(y|x) in r must
+    match a finite difference there too."""
+    model = random_ccu(0, d=3, num_classes=4)
+    log_softmax = torch.log_softmax(torch.tensor([[2.0, 0.5, -1.0, 0.0]], dtype=torch.float64), 1)
+    log_po = torch.zeros(1, dtype=torch.float64)
+
+    def top(lpi):
+        return model._combine(log_softmax, lpi, log_po)[0][0, 0]
+
+    lpi = torch.tensor([r], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(top(lpi), lpi)
+    h = 1e-6
+    with torch.no_grad():
+        fd = (top(lpi + h) - top(lpi - h)) / (2 * h)
+    assert abs(float(fd)) > 1e-3  # the ratio matters here
+    assert float(grad[0]) == pytest.approx(float(fd), rel=1e-6)
