@@ -178,35 +178,39 @@ def _warn_gradients(density) -> None:
     )
 
 
-def _ascent(density, w0, radius, sign, steps, start):
-    """Projected, normalised gradient ascent (sign=+1) or descent (-1) of log p in the balls
-    from ``start``, float64. A step that goes the right way is kept and the next one is 1.5
-    times as long; one that does not is undone and halved (backtracking). Steps that only
-    shrank (0.8 a step, the first version) stalled on the sphere: from a start a quarter turn
-    away from the extreme point, 25 of them covered too little arc, and a lower bound 1 % of
-    the ball's range too high passed."""
+def _ascent(density, w0, radius, signs, steps, starts):
+    """Projected, normalised gradient ascent (a row's sign +1) or descent (-1) of log p in the
+    ball ``d(w, w0) <= radius`` from each row of ``starts`` (k, D), all rows walked as one
+    batch, float64. A step that goes the right way is kept and the next one is 1.5 times as
+    long; one that does not is undone and halved (backtracking). Steps that only shrank (0.8 a
+    step, the first version) stalled on the sphere: from a start a quarter turn away from the
+    extreme point, 25 of them covered too little arc, and a lower bound 1 % of the ball's range
+    too high passed. One forward and backward pass a step: the value and gradient at a new
+    point serve its test and, when it is kept, the next step."""
 
-    def value(w):
-        return sign * density.log_prob_whitened(w)
-
-    r = radius[:, None]
-    with torch.no_grad():
-        w = start.clone()
-        best = value(w)
-    step = radius / 4
-    for _ in range(steps):
+    def value_and_gradient(w):
         x = w.detach().requires_grad_(True)
-        (g,) = torch.autograd.grad(value(x).sum(), x)
-        g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
+        value = signs * density.log_prob_whitened(x)
+        (g,) = torch.autograd.grad(value.sum(), x)
+        return value.detach(), g
+
+    r = radius.reshape(1, 1)
+    w = starts.detach().clone()
+    best, g = value_and_gradient(w)
+    step = (radius / 4).expand(len(w)).clone()
+    for _ in range(steps):
         with torch.no_grad():
-            new = w + step[:, None] * g
+            unit = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
+            new = w + step[:, None] * unit
             delta = new - w0
             norm = delta.norm(dim=1, keepdim=True)
             new = w0 + delta * torch.where(norm > r, r * (1 - 1e-12) / norm, 1.0)
-            val = value(new)
-            better = val > best  # NaN never better
+        value, g_new = value_and_gradient(new)
+        with torch.no_grad():
+            better = value > best  # NaN never better
             w = torch.where(better[:, None], new, w)
-            best = torch.where(better, val, best)
+            g = torch.where(better[:, None], g_new, g)
+            best = torch.where(better, value, best)
             step = torch.where(better, step * 1.5, step * 0.5)
     return w.detach()
 
@@ -478,13 +482,13 @@ def check_density(
             lp_start = dens64.log_prob_whitened(pts)
         u = torch.randn(1, d, generator=gen, dtype=torch.float64).to(W.device)
         random_start = w0 + 0.5 * r[:, None] * u / u.norm(dim=1, keepdim=True).clamp_min(1e-300)
-        walks = []
-        for sign, extreme in ((+1.0, lp_start.nan_to_num(-math.inf).argmax()),
-                              (-1.0, lp_start.nan_to_num(math.inf).argmin())):  # fmt: skip
-            # from the best point found so far and from a random one (another basin)
-            for start in (pts[extreme][None], random_start):
-                walks.append(_ascent(dens64, w0, r, sign, ascent_steps, start))
-        pts = torch.cat([pts, *walks])
+        # up from the highest point found so far and from a random one (another basin), down
+        # from the lowest and from the same random one: four walks in one batch
+        highest = pts[lp_start.nan_to_num(-math.inf).argmax()][None]
+        lowest = pts[lp_start.nan_to_num(math.inf).argmin()][None]
+        starts = torch.cat([highest, random_start, lowest, random_start])
+        signs = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64, device=W.device)
+        pts = torch.cat([pts, _ascent(dens64, w0, r, signs, ascent_steps, starts)])
         inside = (pts - w0).norm(dim=1) <= r
         pts = pts[inside]
         with torch.no_grad():
