@@ -455,52 +455,41 @@ def test_bounds_of_the_wrong_kind_are_reported_in_a_batch_too():
     assert not report.passed and "must be a float64 tensor" in report.failures[0]
 
 
-def test_the_checker_tries_the_points_where_a_mixtures_bounds_are_reached():
+def _off_by_one_part(wrong: str, shift: float = 1e-9):
+    """The paper's mixture with its upper bound too low (``wrong="upper"``) or its lower bound
+    too high (``"lower"``) by ``shift`` of ``1 + |log p|``: slightly wrong."""
+
+    class OffByOnePart(ccu.GaussianMixture):
+        def ball_bounds_whitened(self, w0):
+            b = super().ball_bounds_whitened(w0)
+            up = shift if wrong == "upper" else 0.0
+            lo = shift if wrong == "lower" else 0.0
+            return ccu.BallBounds.from_functions(
+                len(w0), upper=lambda r: b.upper(r) - up * (1 + b.upper(r).abs()),
+                lower=lambda r: b.lower(r) + lo * (1 + b.lower(r).abs()),
+            )  # fmt: skip
+
+    return OffByOnePart
+
+
+@pytest.mark.parametrize("wrong", ["upper", "lower"])
+def test_the_checker_tries_the_points_where_a_mixtures_bounds_are_reached(wrong):
     """Projected ascent only approaches the point of the ball nearest a mean, where a
     component's upper bound is reached: in 2 or more dimensions a family low by 1e-9 of its
     bound passed (and certified a ball where the float64 model went above it). The checker
     now also tries the sphere's points towards and away from the nearest means."""
-
-    class LowByOnePart(ccu.GaussianMixture):
-        def ball_bounds_whitened(self, w0):
-            b = super().ball_bounds_whitened(w0)
-            return ccu.BallBounds.from_functions(
-                len(w0), upper=lambda r: b.upper(r) - 1e-9 * (1 + b.upper(r).abs()),
-                lower=b.lower,
-            )  # fmt: skip
-
+    # An out-density's lower bound too high makes b too small and the confidence bound too
+    # low: failed as an upper bound too low is (no test had one).
     d = 16  # one component, the centres far from it (the ascent's steps shrink before it)
     metric = ccu.Mahalanobis.identity(d)
     mean = torch.zeros(1, d, dtype=torch.float64)
     gen = torch.Generator().manual_seed(0)
     centres = torch.randn(8, d, generator=gen, dtype=torch.float64) + 3e4
-    low = LowByOnePart(mean, torch.tensor([0.0]), torch.zeros(1), metric)
-    report = check_density(low, centres=centres, max_examples=10, raise_on_failure=False)
-    assert not report.passed and report.max_excess_upper > 5e-10
+    bad = _off_by_one_part(wrong)(mean, torch.tensor([0.0]), torch.zeros(1), metric)
+    report = check_density(bad, centres=centres, max_examples=10, raise_on_failure=False)
+    assert not report.passed and getattr(report, f"max_excess_{wrong}") > 5e-10
     good = ccu.GaussianMixture(mean, torch.tensor([0.0]), torch.zeros(1), metric)
     assert check_density(good, centres=centres, max_examples=10).passed
-
-
-def test_the_checker_catches_a_lower_bound_slightly_too_high():
-    """An out-density's lower bound too high makes b too small and the confidence bound too
-    low: the checker must fail it as it fails an upper bound too low (no test had one)."""
-
-    class HighByOnePart(ccu.GaussianMixture):
-        def ball_bounds_whitened(self, w0):
-            b = super().ball_bounds_whitened(w0)
-            return ccu.BallBounds.from_functions(
-                len(w0), upper=b.upper,
-                lower=lambda r: b.lower(r) + 1e-9 * (1 + b.lower(r).abs()),
-            )  # fmt: skip
-
-    d = 16
-    metric = ccu.Mahalanobis.identity(d)
-    mean = torch.zeros(1, d, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(0)
-    centres = torch.randn(8, d, generator=gen, dtype=torch.float64) + 3e4
-    high = HighByOnePart(mean, torch.tensor([0.0]), torch.zeros(1), metric)
-    report = check_density(high, centres=centres, max_examples=10, raise_on_failure=False)
-    assert not report.passed and report.max_excess_lower > 5e-10
 
 
 @pytest.mark.parametrize("wrong", ["upper", "lower"])
@@ -514,21 +503,9 @@ def test_the_checker_fails_a_mixture_of_more_than_its_nearest_means(wrong):
     log_w = torch.full((k,), math.log(1e-30))
     log_w[0] = 0.0
     log_w = log_w - torch.logsumexp(log_w, 0)
-    shift = 1e-9
-
-    class OffByOnePart(ccu.GaussianMixture):
-        def ball_bounds_whitened(self, w0):
-            b = super().ball_bounds_whitened(w0)
-            up_shift = shift if wrong == "upper" else 0.0
-            lo_shift = shift if wrong == "lower" else 0.0
-            return ccu.BallBounds.from_functions(
-                len(w0), upper=lambda r: b.upper(r) - up_shift * (1 + b.upper(r).abs()),
-                lower=lambda r: b.lower(r) + lo_shift * (1 + b.lower(r).abs()),
-            )  # fmt: skip
-
     gen = torch.Generator().manual_seed(0)
     centres = torch.randn(8, d, generator=gen, dtype=torch.float64) + 3e4
-    bad = OffByOnePart(means, torch.zeros(k), log_w, metric)
+    bad = _off_by_one_part(wrong)(means, torch.zeros(k), log_w, metric)
     assert not check_density(bad, centres=centres, max_examples=10, raise_on_failure=False).passed
     good = ccu.GaussianMixture(means, torch.zeros(k), log_w, metric)
     assert check_density(good, centres=centres, max_examples=10).passed
