@@ -252,9 +252,12 @@ def images_in_balls(model, noise, radii, data, level: float = 1.1) -> dict:
 
     Uncertified centres (NaN radius) have no ball. Returns ``inside`` (certified balls holding an
     image), ``min_margin`` (smallest ratio of the nearest image's distance to the radius over the
-    certified balls), ``confidence`` (CCU's confidence on those images) and
-    ``worst_confidence`` (NaN when there are none). Corollary 3.1 demands at most ``level/M``
-    there: raises :class:`GuaranteeViolated` otherwise.
+    certified balls), ``confidence`` (CCU's confidence on those images),
+    ``worst_confidence`` (NaN when there are none) and ``rarest_ink_pct``: per image inside,
+    the share (%) of training images that ink the rarest pixel it inks (above 0.1), the
+    largest over those images (NaN when there are none): how unusual the images inside are.
+    Corollary 3.1 demands at most ``level/M`` there: raises :class:`GuaranteeViolated`
+    otherwise.
     """
     everything = torch.cat([data.train_x, data.test_x])
     inside, nearest, idx = images_inside_balls(model.metric, noise, radii, everything)
@@ -266,11 +269,18 @@ def images_in_balls(model, noise, radii, data, level: float = 1.1) -> dict:
         else torch.empty(0, dtype=torch.float64)
     )
     margin = (nearest[ok] / radii[ok].clamp_min(1e-12)).min() if ok.any() else torch.tensor(np.nan)
+    rarest = float("nan")
+    if inside.any():
+        flat = data.train_x.reshape(len(data.train_x), -1)
+        share = 100 * (flat > 0.1).double().mean(0)  # training images inking each pixel
+        found = everything[idx[inside]].reshape(int(inside.sum()), -1) > 0.1
+        rarest = float(torch.where(found, share, torch.inf).min(dim=1).values.max())
     out = {
         "inside": int(inside.sum()),
         "min_margin": float(margin),
         "confidence": conf,
         "worst_confidence": float(conf.max()) if len(conf) else float("nan"),
+        "rarest_ink_pct": rarest,
     }
     cap = level / model.num_classes
     above = int((conf.double() > cap + TOLERANCE).sum())

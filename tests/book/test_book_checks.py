@@ -196,8 +196,12 @@ def test_images_in_balls_counts_and_measures():
     out = book_checks.images_in_balls(model, centres, ones, _Data, level)
     assert out["inside"] == 3 and out["min_margin"] < 1.0
     assert len(out["confidence"]) == 3 and np.isfinite(out["worst_confidence"])
+    # the rarest pixel the images inside ink, by the share of training images inking it: they
+    # are training images here, so at least 1 in 20 inks each of their pixels (its own)
+    assert 5.0 <= out["rarest_ink_pct"] <= 100.0
     far = book_checks.images_in_balls(model, centres + 1e6, ones, _Data)
     assert far["inside"] == 0 and np.isnan(far["worst_confidence"])
+    assert np.isnan(far["rarest_ink_pct"])
     # an uncertified centre (NaN radius) has no ball, so no image is inside it
     nan = torch.tensor([float("nan"), 1.0, float("nan")], dtype=torch.float64)
     assert book_checks.images_in_balls(model, centres, nan, _Data, level)["inside"] == 1
