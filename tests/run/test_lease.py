@@ -1399,3 +1399,68 @@ def test_plans_and_absorbs_bad_arguments_are_one_line_with_their_exit_code(tmp_p
     assert lease.main(["plan", "--dataset", "mnist", "--budget-s", "0"]) == 0
     out = capsys.readouterr().out
     assert "call 0 (" in out and "not in this lease" in out and "timeout_s 300" not in out
+
+
+# mutations that survived the suite (a review's mutation testing, 2026-11-29)
+def _send(archive: Path, label: str, files: dict):
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{label}/digits/{name}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_a_part_attacked_in_other_balls_is_not_absorbed_beside_committed_balls(
+    whole, tmp_path
+):  # L2
+    from ccu.store.records import PART_BALLS_KEY
+
+    folder = tmp_path / "reference" / LABEL / "digits"
+    shutil.copytree(whole, folder)
+    for p in folder.glob("Base.*"):
+        p.unlink()
+    base = {p.name: p.read_bytes() for p in whole.glob("Base.*")}
+    att = json.loads(base["Base.attack.json"])
+    att[PART_BALLS_KEY] = "f" * 64
+    base["Base.attack.json"] = json.dumps(att).encode()
+    _send(tmp_path / "call" / f"{LABEL}-digits.parts.tgz", LABEL, base)
+    said = []
+    lease.absorb(tmp_path / "call", tmp_path / "reference", log=said.append)  # no AbsorbError
+    assert "Base" not in lease.committed_parts(folder)
+    assert any("Base: attacked in balls that are not committed here" in s for s in said)
+
+
+def test_another_runs_extra_file_is_not_added_to_a_committed_part(whole, tmp_path):  # L4
+    folder = tmp_path / "reference" / LABEL / "digits"
+    shutil.copytree(whole, folder)
+    assert (folder / "CCU.guarantees.json").exists()
+    (folder / "CCU.guarantees.json").unlink()
+    ccu_part = {p.name: p.read_bytes() for p in whole.glob("CCU.*")}
+    other = json.loads(ccu_part["CCU.config.json"])
+    other["files"] = {"model.pt": "0" * 64}
+    ccu_part["CCU.config.json"] = json.dumps(other).encode()
+    _send(tmp_path / "call" / f"{LABEL}-digits.parts.tgz", LABEL, ccu_part)
+    said = []
+    lease.absorb(tmp_path / "call", tmp_path / "reference", log=said.append)
+    assert not (folder / "CCU.guarantees.json").exists()
+
+
+def test_balls_whose_method_was_attacked_in_other_balls_are_not_taken(whole, tmp_path):  # L10
+    from ccu.store.records import PART_BALLS_KEY
+
+    files = {
+        p.name: p.read_bytes()
+        for p in whole.iterdir()
+        if p.name.startswith("CCU.") or p.name in ("balls.json", "balls.npz", "radii.csv")
+    }
+    att = json.loads(files["CCU.attack.json"])
+    att[PART_BALLS_KEY] = "f" * 64
+    files["CCU.attack.json"] = json.dumps(att).encode()
+    _send(tmp_path / "call" / f"{LABEL}-digits.parts.tgz", LABEL, files)
+    said = []
+    try:
+        lease.absorb(tmp_path / "call", tmp_path / "reference", log=said.append)
+    except lease.AbsorbError:
+        pass
+    assert not (tmp_path / "reference" / LABEL / "digits" / "balls.json").exists()
