@@ -202,3 +202,17 @@ def checkpoint_content(path) -> object:
         return (str(obj.dtype), obj.tolist()) if isinstance(obj, torch.Tensor) else obj
 
     return plain(torch.load(path, weights_only=True))
+
+
+def stiff_balls(seed: int):
+    """A 2-D metric with one eigenvalue of 1e-10 to 1e-16 (whitening magnifies rounding), four
+    centres in the box, radii 0.1-2.1 and a linear score's weights, all from ``seed``: where
+    making a point exactly feasible moves it (the refinement's tests). Returns
+    ``(metric, centres, radii, w)``."""
+    gen = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(2, 2, generator=gen, dtype=torch.float64))
+    exponent = float(torch.randint(10, 17, (1,), generator=gen))
+    metric = ccu.Mahalanobis(torch.tensor([1.0, 10**-exponent], dtype=torch.float64), q)
+    centres = 0.3 + 0.4 * torch.rand(4, 2, generator=gen)
+    radii = torch.rand(4, generator=gen, dtype=torch.float64) * 2 + 0.1
+    return metric, centres, radii, torch.randn(2, generator=gen)

@@ -4,7 +4,7 @@ comment after each name says which)."""
 
 import numpy as np
 import torch
-from helpers import floored_metric, random_metric
+from helpers import floored_metric, random_metric, stiff_balls
 
 import ccu
 from ccu.core import attacks as A
@@ -91,13 +91,7 @@ def test_sample_in_ball_is_uniform():  # A15, A17
 def test_refined_distance_is_that_of_the_returned_point():  # A19
     found_kept = False
     for seed in range(123, 140):
-        gen = torch.Generator().manual_seed(seed)
-        q, _ = torch.linalg.qr(torch.randn(2, 2, generator=gen, dtype=torch.float64))
-        exponent = float(torch.randint(10, 17, (1,), generator=gen))
-        metric = ccu.Mahalanobis(torch.tensor([1.0, 10**-exponent], dtype=torch.float64), q)
-        centres = 0.3 + 0.4 * torch.rand(4, 2, generator=gen)
-        radii = torch.rand(4, generator=gen, dtype=torch.float64) * 2 + 0.1
-        w = torch.randn(2, generator=gen)
+        metric, centres, radii, w = stiff_balls(seed)
         res = ccu.ball_attack(
             lambda x, w=w: x @ w,
             centres,

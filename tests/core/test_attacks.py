@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import random_metric
+from helpers import random_metric, stiff_balls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -144,13 +144,7 @@ def test_the_refinement_never_loses_what_the_papers_steps_found(seed, d):
 def test_a_refined_point_never_ends_below_where_it_started():
     # an eigenvalue of 1e-15: making a refined point exactly feasible moved it back below its
     # start (by an ulp, seed 123, a reviewer's case)
-    gen = torch.Generator().manual_seed(123)
-    q, _ = torch.linalg.qr(torch.randn(2, 2, generator=gen, dtype=torch.float64))
-    exponent = float(torch.randint(10, 17, (1,), generator=gen))
-    metric = ccu.Mahalanobis(torch.tensor([1.0, 10**-exponent], dtype=torch.float64), q)
-    centres = 0.3 + 0.4 * torch.rand(4, 2, generator=gen)
-    radii = torch.rand(4, generator=gen, dtype=torch.float64) * 2 + 0.1
-    w = torch.randn(2, generator=gen)
+    metric, centres, radii, w = stiff_balls(123)
     res = ccu.ball_attack(lambda x: x @ w, centres, radii, metric, steps=5, restarts=2, seed=123,
                           refine_steps=10)  # fmt: skip
     assert bool((res.score >= res.score_unrefined).all())
