@@ -181,9 +181,9 @@ def corollary1_check(
     ``above_level`` (balls whose bound exceeds ``level/M``: the radius is not certified at
     that level), ``n_certified``, ``n_uncertified``, ``n_moved`` (balls where an attack left
     the centre), ``n_toward_means`` (means walked towards per ball), ``attack_max``,
-    ``toward_means_max``, ``sample_max`` and ``float32_deviation`` (the largest ``|p32 - p64|`` at the points judged). Raises
-    :class:`GuaranteeViolated` if a point found is above its ball's bound or outside its ball,
-    or a ball's bound is above the level."""
+    ``toward_means_max``, ``sample_max`` and ``float32_deviation`` (the largest
+    ``|p32 - p64|`` at the points judged). Raises :class:`GuaranteeViolated` if a point found
+    is above its ball's bound or outside its ball, or a ball's bound is above the level."""
     ok = certified_mask(radii)
     tried = attack_certificates(
         model, noise, level, prof.attack_steps, prof.attack_restarts, n_samples, seed,

@@ -554,19 +554,15 @@ def attack_certificates(
         top = p.argmax(1)
         return points.reshape(n, -1, *shape)[torch.arange(n), top].cpu(), p.max(1).values
 
-    tried = torch.stack([attack.x.cpu(), climb.x.cpu()], dim=1)
-    best_attack, p_attack = best_of(tried)
-    best_sample, sampled_max = best_of(samples)
-    candidates = [(best_sample, sampled_max)]
-    means_max = None
-    if means is not None:
-        best_mean, means_max = best_of(means)
-        candidates.append((best_mean, means_max))
-    worst, p = best_attack, p_attack
-    for other, p_other in candidates:
-        higher = (p_other > p) | p_other.isnan()  # a NaN confidence is judged (a violation)
-        worst = torch.where(higher.reshape(-1, *[1] * len(shape)), other, worst)
-        p = torch.maximum(p, p_other)
+    groups = [torch.stack([attack.x.cpu(), climb.x.cpu()], dim=1), samples]
+    groups += [] if means is None else [means]
+    best = [best_of(g) for g in groups]  # the attacks', the samples', the means' walk's
+    p_attack, sampled_max = best[0][1], best[1][1]
+    means_max = None if means is None else best[2][1]
+    # the worst of them per ball (argmax takes a NaN confidence: judged, a violation; on a tie
+    # the first, the attacks')
+    top = torch.stack([p for _, p in best], dim=1).argmax(1)
+    worst = torch.stack([x for x, _ in best], dim=1)[torch.arange(n), top]
     check = check_certificate(model, worst, x0, r, box=box)
     n_means = 0 if means is None else means.shape[1]
     return CertificateAttack(
